@@ -1,0 +1,18 @@
+//! SeaORM migrations of order-timeout. `Migrator` lists them in order; each file
+//! is named `mYYYYMMDD_NNNNNN_verb_noun.rs`. The service runs them on start
+//! (unless `database.migrate_on_start = false`) and `order-timeout migrate`
+//! runs them by hand.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261130_000001_create_tables;
+
+/// All migrations of the service, oldest first.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261130_000001_create_tables::Migration)]
+    }
+}

@@ -1,0 +1,495 @@
+//! The timeout consumers, one per kind, each on its own channel.
+//!
+//! Deliveries are gathered into a batch (as many as are ready, up to
+//! `consumer.batch_size`; when messages are flowing, for at most
+//! `consumer.batch_wait` more; with an idle queue, no wait at all), decided in
+//! one database transaction, and only then acked. What each delivery gets is
+//! decided by [`decide`]:
+//!
+//! - applied, or nothing to do (paid, duplicate, already flagged): ack;
+//! - not yet due by the database: held in memory when the rest is short
+//!   (`consumer.hold_max`), otherwise sent back to wait, then acked;
+//! - unknown order or a body that breaks the contract: parked, then acked;
+//! - database error: nothing is acked; the consumer pauses with backoff and
+//!   tries the same batch again, taking no new deliveries meanwhile.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{FutureExt, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::time::DelayQueue;
+use tokio_util::time::delay_queue::Key;
+
+use super::topology::Mode;
+use super::wire::{self, Park, ParkReason, TimeoutMessage};
+use super::{Backoff, Error, park_delivery, pause, publish_confirmed};
+use crate::app::Context;
+use crate::db::store::{self, ExpiryOutcome};
+use crate::domain::{Millis, OrderId, TimeoutKind};
+
+/// What to do with one delivery once the database has spoken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// The transition committed now: ack.
+    Applied {
+        /// Milliseconds from the deadline to now.
+        lateness_ms: i64,
+    },
+    /// Nothing to do: ack.
+    NotApplicable {
+        /// The order's status.
+        status: String,
+    },
+    /// Early, due within `hold_max`: keep it unacked and try again at the deadline.
+    Hold(Duration),
+    /// Early by more than `hold_max`: publish it again to wait, then ack.
+    Redelay(Duration),
+    /// Park with this reason, then ack.
+    Park(Park),
+}
+
+/// The one place that maps a database outcome to what happens to a delivery.
+pub fn decide(
+    outcome: ExpiryOutcome,
+    now: Millis,
+    hold_max: Duration,
+    first_for_order: bool,
+) -> Action {
+    match outcome {
+        ExpiryOutcome::Applied { deadline } if first_for_order => Action::Applied {
+            lateness_ms: now.signed_since(deadline),
+        },
+        // A duplicate of the same order in the same batch: the first one applied it.
+        ExpiryOutcome::Applied { .. } => Action::NotApplicable {
+            status: "duplicate".into(),
+        },
+        ExpiryOutcome::Inapplicable { status } => Action::NotApplicable {
+            status: status.as_str().into(),
+        },
+        ExpiryOutcome::NotFound => {
+            Action::Park(Park::new(ParkReason::UnknownOrder, "no order has this id"))
+        }
+        ExpiryOutcome::NotDue { deadline } => {
+            // One extra millisecond so the retry lands at or after the deadline.
+            let remaining = deadline.since(now) + Duration::from_millis(1);
+            if remaining <= hold_max {
+                Action::Hold(remaining)
+            } else {
+                Action::Redelay(remaining)
+            }
+        }
+    }
+}
+
+/// Runs the consumers of every kind on one connection until shutdown or failure.
+pub async fn run(
+    ctx: Arc<Context>,
+    conn: Arc<Connection>,
+    _mode: Mode,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for kind in TimeoutKind::ALL {
+        let consumer = KindConsumer::open(ctx.clone(), &conn, kind).await?;
+        tasks.spawn(consumer.run(shutdown.clone()));
+    }
+    // The first failure (a broken connection) ends them all; the supervisor reconnects.
+    let mut result = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                if result.is_ok() {
+                    result = Err(e);
+                }
+                shutdown_siblings(&conn).await;
+            }
+            Err(panic) => {
+                tracing::error!(error = %panic, "consumer task panicked");
+                shutdown_siblings(&conn).await;
+            }
+        }
+    }
+    result
+}
+
+async fn shutdown_siblings(conn: &Connection) {
+    // Closing the connection makes the sibling consumers' streams end with an
+    // error; their unacked deliveries go back to the queue.
+    let _ = conn.close(320, "consumer failed".into()).await;
+}
+
+struct KindConsumer {
+    /// Shared services.
+    ctx: Arc<Context>,
+    /// Which timeout this consumer handles.
+    kind: TimeoutKind,
+    /// Channel the deliveries come on.
+    channel: Channel,
+    /// Confirm-mode channel for parking and re-delaying.
+    publish: Channel,
+    /// Consumer tag, to cancel at shutdown.
+    tag: String,
+    /// Early deliveries waiting in memory for their deadline.
+    held: DelayQueue<Delivery>,
+    /// Keys of the held deliveries by delivery tag, to give them back at shutdown.
+    held_keys: HashMap<u64, Key>,
+}
+
+impl KindConsumer {
+    async fn open(ctx: Arc<Context>, conn: &Connection, kind: TimeoutKind) -> Result<Self, Error> {
+        let channel = conn.create_channel().await?;
+        // Prefetch caps the unacked deliveries we hold, including those held in
+        // memory; it must cover a batch plus the held ones at the target rate.
+        channel
+            .basic_qos(ctx.settings.amqp.prefetch, BasicQosOptions::default())
+            .await?;
+        let publish = conn.create_channel().await?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let tag = format!("consumer {} {}", kind.as_str(), ctx.settings.amqp.instance);
+        Ok(Self {
+            ctx,
+            kind,
+            channel,
+            publish,
+            tag,
+            held: DelayQueue::new(),
+            held_keys: HashMap::new(),
+        })
+    }
+
+    async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
+        let queue = self.ctx.names.work(self.kind);
+        let mut deliveries = self
+            .channel
+            .basic_consume(
+                queue.as_str().into(),
+                self.tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let batch_size = self.ctx.settings.consumer.batch_size;
+        let batch_wait = self.ctx.settings.consumer.batch_wait;
+        let role = self.kind.as_str();
+        let result: Result<(), Error> = loop {
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break Ok(()),
+                Some(expired) = self.held.next(), if !self.held.is_empty() => {
+                    self.ctx.events.held_changed(-1);
+                    let delivery = expired.into_inner();
+                    self.held_keys.remove(&delivery.delivery_tag);
+                    delivery
+                }
+                next = deliveries.next() => match next {
+                    Some(Ok(d)) => { self.ctx.events.delivery(role, d.redelivered); d }
+                    Some(Err(e)) => break Err(e.into()),
+                    None => break Err(Error::ConsumerEnded(queue.clone())),
+                },
+            };
+            let mut batch = vec![first];
+            // Take whatever is ready now ...
+            let mut ended = None;
+            while batch.len() < batch_size {
+                match deliveries.next().now_or_never() {
+                    Some(Some(Ok(d))) => {
+                        self.ctx.events.delivery(role, d.redelivered);
+                        batch.push(d);
+                    }
+                    Some(Some(Err(e))) => {
+                        ended = Some(Error::from(e));
+                        break;
+                    }
+                    Some(None) => {
+                        ended = Some(Error::ConsumerEnded(queue.clone()));
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            // ... and, while messages are flowing, wait a little for a fuller batch.
+            if ended.is_none()
+                && batch.len() > 1
+                && batch.len() < batch_size
+                && !batch_wait.is_zero()
+            {
+                let until = Instant::now() + batch_wait;
+                while batch.len() < batch_size {
+                    match tokio::time::timeout_at(until, deliveries.next()).await {
+                        Ok(Some(Ok(d))) => {
+                            self.ctx.events.delivery(role, d.redelivered);
+                            batch.push(d);
+                        }
+                        Ok(Some(Err(e))) => {
+                            ended = Some(Error::from(e));
+                            break;
+                        }
+                        Ok(None) => {
+                            ended = Some(Error::ConsumerEnded(queue.clone()));
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            if let Err(e) = self.handle(batch, &shutdown).await {
+                break Err(e);
+            }
+            if let Some(e) = ended {
+                break Err(e);
+            }
+        };
+        let _ = self
+            .channel
+            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default())
+            .await;
+        // Held deliveries go back to the queue for whoever runs next; they are
+        // not due yet, so this is no retry loop.
+        let requeue = BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        };
+        for (_, key) in std::mem::take(&mut self.held_keys) {
+            if let Some(expired) = self.held.try_remove(&key) {
+                let _ = expired.into_inner().acker.nack(requeue).await;
+                self.ctx.events.held_changed(-1);
+            }
+        }
+        result
+    }
+
+    /// Decides one batch in one transaction, then acks, holds, re-delays or parks each delivery.
+    async fn handle(
+        &mut self,
+        batch: Vec<Delivery>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Error> {
+        let mut valid: Vec<(Delivery, TimeoutMessage)> = Vec::with_capacity(batch.len());
+        for delivery in batch {
+            let content_type = delivery
+                .properties
+                .content_type()
+                .as_ref()
+                .map(|c| c.as_str().to_string());
+            match wire::decode(self.kind.as_str(), content_type.as_deref(), &delivery.data) {
+                Ok(message) => valid.push((delivery, message)),
+                Err(park) => {
+                    park_delivery(
+                        &self.ctx,
+                        &self.publish,
+                        &delivery,
+                        &park,
+                        "consumer",
+                        Some(self.kind),
+                    )
+                    .await?
+                }
+            }
+        }
+        if valid.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<OrderId> = valid.iter().map(|(_, m)| m.order_id).collect();
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let (outcomes, now) = loop {
+            let now = Millis::now();
+            match store::expire(&self.ctx.db, self.kind, &ids, now).await {
+                Ok(outcomes) => {
+                    self.ctx.health.set_database(true);
+                    break (outcomes, now);
+                }
+                Err(e) => {
+                    // Keep the deliveries unacked and take no new ones: the broker
+                    // keeps the rest, and nothing spins while the database is away.
+                    self.ctx.health.set_database(false);
+                    let delay = backoff.next_delay();
+                    self.ctx
+                        .events
+                        .paused(self.kind.as_str(), &e.to_string(), delay);
+                    if !pause(shutdown, delay).await {
+                        // Shutting down mid-outage: leave them unacked for redelivery.
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        self.settle(valid, outcomes, now).await
+    }
+
+    async fn settle(
+        &mut self,
+        valid: Vec<(Delivery, TimeoutMessage)>,
+        outcomes: HashMap<OrderId, ExpiryOutcome>,
+        now: Millis,
+    ) -> Result<(), Error> {
+        let hold_max = self.ctx.settings.consumer.hold_max;
+        let mut seen = HashSet::new();
+        for (delivery, message) in valid {
+            let id = message.order_id;
+            let outcome = outcomes
+                .get(&id)
+                .copied()
+                .unwrap_or(ExpiryOutcome::NotFound);
+            match decide(outcome, now, hold_max, seen.insert(id)) {
+                Action::Applied { lateness_ms } => {
+                    delivery.acker.ack(Default::default()).await?;
+                    self.ctx
+                        .events
+                        .timeout_applied(self.kind, id, lateness_ms, "message");
+                }
+                Action::NotApplicable { status } => {
+                    delivery.acker.ack(Default::default()).await?;
+                    self.ctx
+                        .events
+                        .timeout_not_applicable(self.kind, id, &status);
+                }
+                Action::Hold(wait) => {
+                    self.ctx.events.timeout_early(self.kind, id, wait, true);
+                    self.ctx.events.held_changed(1);
+                    let tag = delivery.delivery_tag;
+                    let key = self.held.insert(delivery, wait);
+                    self.held_keys.insert(tag, key);
+                }
+                Action::Redelay(wait) => {
+                    self.redelay(&delivery, &message, wait).await?;
+                    delivery.acker.ack(Default::default()).await?;
+                    self.ctx.events.timeout_early(self.kind, id, wait, false);
+                }
+                Action::Park(park) => {
+                    park_delivery(
+                        &self.ctx,
+                        &self.publish,
+                        &delivery,
+                        &park,
+                        "consumer",
+                        Some(self.kind),
+                    )
+                    .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the message again through the entry exchange with the remaining
+    /// delay, so it waits in the broker, not in our memory.
+    async fn redelay(
+        &self,
+        delivery: &Delivery,
+        message: &TimeoutMessage,
+        wait: Duration,
+    ) -> Result<(), Error> {
+        let headers = delivery.properties.headers().as_ref();
+        let count = match wire::header_int(headers, wire::X_REDELAYS) {
+            Some(Ok(n)) => n + 1,
+            _ => 1,
+        };
+        let delay_ms = (wait.as_millis() as u64).clamp(1, wire::MAX_DELAY_MS);
+        let message_id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|m| m.as_str().to_string())
+            .unwrap_or_else(|| format!("{}:{}:redelay", message.order_id, message.kind));
+        let properties = wire::properties(
+            &message_id,
+            Millis::now(),
+            delay_ms,
+            &[(wire::X_REDELAYS, AMQPValue::LongLongInt(count))],
+        );
+        publish_confirmed(
+            &self.publish,
+            self.ctx.names.entry(),
+            self.kind.as_str(),
+            &wire::encode(message),
+            properties,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::OrderStatus;
+
+    const HOLD: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn applied_once_per_order() {
+        let now = Millis(10_000);
+        let applied = ExpiryOutcome::Applied {
+            deadline: Millis(9_900),
+        };
+        assert_eq!(
+            decide(applied, now, HOLD, true),
+            Action::Applied { lateness_ms: 100 }
+        );
+        assert!(matches!(
+            decide(applied, now, HOLD, false),
+            Action::NotApplicable { .. }
+        ));
+    }
+
+    #[test]
+    fn early_messages_are_held_or_redelayed_never_applied() {
+        let now = Millis(10_000);
+        assert_eq!(
+            decide(
+                ExpiryOutcome::NotDue {
+                    deadline: Millis(10_500)
+                },
+                now,
+                HOLD,
+                true
+            ),
+            Action::Hold(Duration::from_millis(501))
+        );
+        assert_eq!(
+            decide(
+                ExpiryOutcome::NotDue {
+                    deadline: Millis(70_000)
+                },
+                now,
+                HOLD,
+                true
+            ),
+            Action::Redelay(Duration::from_millis(60_001))
+        );
+    }
+
+    #[test]
+    fn moved_on_is_acked_and_unknown_is_parked() {
+        let now = Millis(0);
+        assert_eq!(
+            decide(
+                ExpiryOutcome::Inapplicable {
+                    status: OrderStatus::Paid
+                },
+                now,
+                HOLD,
+                true
+            ),
+            Action::NotApplicable {
+                status: "paid".into()
+            }
+        );
+        match decide(ExpiryOutcome::NotFound, now, HOLD, true) {
+            Action::Park(p) => assert_eq!(p.reason, ParkReason::UnknownOrder),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Everything that talks to RabbitMQ: connections (each named, each supervised
+//! and re-established with backoff), the topology, the router, the consumers and
+//! the outbox relay.
+
+pub mod consumer;
+pub mod relay;
+pub mod router;
+pub mod topology;
+pub mod wire;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::message::Delivery;
+use lapin::options::BasicPublishOptions;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::Context;
+use crate::domain::{Millis, TimeoutKind};
+use crate::settings::{AmqpSettings, DelayMode};
+use topology::{Mode, Names};
+use wire::Park;
+
+/// What stops a broker worker; the supervisor logs it and reconnects.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The connection or channel failed.
+    #[error("amqp: {0}")]
+    Amqp(#[from] lapin::Error),
+    /// The broker refused to take responsibility for a message.
+    #[error("the broker nacked a publish to '{0}'")]
+    Nacked(String),
+    /// The broker cancelled our consumer (queue deleted, for example).
+    #[error("the broker ended the consumer of '{0}'")]
+    ConsumerEnded(String),
+}
+
+/// Opens a connection whose name shows in the management UI as
+/// `order-timeout <instance> <role>`, so operators (and tests) can tell ours apart.
+pub async fn connect(settings: &AmqpSettings, role: &str) -> Result<Connection, lapin::Error> {
+    let name = connection_name(settings, role);
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    Connection::connect(settings.url.expose(), properties).await
+}
+
+/// The client-provided name of a connection of this instance.
+pub fn connection_name(settings: &AmqpSettings, role: &str) -> String {
+    format!("order-timeout {} {role}", settings.instance)
+}
+
+/// Resolves `amqp.delay_mode`: `auto` probes on a throwaway connection.
+pub async fn resolve_mode(
+    settings: &AmqpSettings,
+    names: &Names,
+) -> Result<(Mode, String), lapin::Error> {
+    match settings.delay_mode {
+        DelayMode::Plugin => Ok((Mode::Plugin, "amqp.delay_mode = plugin".into())),
+        DelayMode::Ttl => Ok((Mode::Ttl, "amqp.delay_mode = ttl".into())),
+        DelayMode::Auto => {
+            let conn = connect(settings, "probe").await?;
+            let found = topology::probe_plugin(&conn, names).await;
+            // The probe may already have closed the connection; either way it goes.
+            let _ = conn.close(200, "probe done".into()).await;
+            if found? {
+                Ok((
+                    Mode::Plugin,
+                    "auto: the broker offers the x-delayed-message exchange type".into(),
+                ))
+            } else {
+                Ok((
+                    Mode::Ttl,
+                    "auto: the broker has no x-delayed-message exchange type (plugin not enabled)"
+                        .into(),
+                ))
+            }
+        }
+    }
+}
+
+/// Exponential backoff with a cap, for reconnects and database pauses.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Starts at `first`, doubles up to `max`.
+    pub fn new(first: Duration, max: Duration) -> Self {
+        Self {
+            first,
+            max,
+            next: first,
+        }
+    }
+    /// The next wait.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+    /// Back to the first wait (after a success).
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
+/// Sleeps unless shutdown comes first; returns false on shutdown.
+pub async fn pause(shutdown: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Runs a broker worker for ever: connect, resolve the mode, declare the topology,
+/// work until the connection fails, then reconnect with backoff. Returns when
+/// `shutdown` fires and the worker has finished what it holds.
+pub async fn supervise<F, Fut>(
+    ctx: Arc<Context>,
+    role: &'static str,
+    shutdown: CancellationToken,
+    mut work: F,
+) where
+    F: FnMut(Arc<Connection>, Mode) -> Fut,
+    Fut: Future<Output = Result<(), Error>>,
+{
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    while !shutdown.is_cancelled() {
+        let attempt = async {
+            let mode = ctx.delay_mode().await?;
+            let conn = connect(&ctx.settings.amqp, role).await?;
+            let channel = conn.create_channel().await?;
+            topology::declare(&channel, &ctx.names, mode).await?;
+            let _ = channel.close(200, "declared".into()).await;
+            Ok::<_, lapin::Error>((Arc::new(conn), mode))
+        };
+        let connected = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = attempt => r,
+        };
+        let error = match connected {
+            Ok((conn, mode)) => {
+                ctx.events
+                    .broker_connected(role, &connection_name(&ctx.settings.amqp, role));
+                ctx.health.set_broker(role, true);
+                let started = Instant::now();
+                let result = work(conn.clone(), mode).await;
+                ctx.health.set_broker(role, false);
+                let _ = conn.close(200, "bye".into()).await;
+                if started.elapsed() > Duration::from_secs(30) {
+                    backoff.reset();
+                }
+                match result {
+                    Ok(()) => break,
+                    Err(e) => e.to_string(),
+                }
+            }
+            Err(e) => e.to_string(),
+        };
+        let delay = backoff.next_delay();
+        ctx.events.broker_lost(role, &error, delay);
+        if !pause(&shutdown, delay).await {
+            break;
+        }
+    }
+}
+
+/// Publishes and waits for the broker's confirm; a nack is an error.
+pub async fn publish_confirmed(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: BasicProperties,
+) -> Result<(), Error> {
+    // No `mandatory`: the delayed-message plugin would return every delayed
+    // message as unroutable, and our own exchanges always have a route.
+    let confirm = channel
+        .basic_publish(
+            exchange.into(),
+            routing_key.into(),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await?
+        .await?;
+    if confirm.is_nack() {
+        return Err(Error::Nacked(exchange.to_string()));
+    }
+    Ok(())
+}
+
+/// Copies a delivery to the parked queue with the reason (confirmed), then acks
+/// it. Parking is how bad input is kept: never requeued in a loop, never dropped.
+pub async fn park_delivery(
+    ctx: &Context,
+    channel: &Channel,
+    delivery: &Delivery,
+    park: &Park,
+    by: &'static str,
+    kind: Option<TimeoutKind>,
+) -> Result<(), Error> {
+    let properties = wire::parked_properties(
+        &delivery.properties,
+        park,
+        by,
+        delivery.exchange.as_str(),
+        delivery.routing_key.as_str(),
+        Millis::now(),
+    );
+    let parked = ctx.names.parked();
+    publish_confirmed(
+        channel,
+        &parked,
+        delivery.routing_key.as_str(),
+        &delivery.data,
+        properties,
+    )
+    .await?;
+    delivery.acker.ack(Default::default()).await?;
+    ctx.events
+        .parked(park, by, delivery.routing_key.as_str(), kind);
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! The router consumes `<prefix>.ingest`, checks each message against the wire
+//! contract, and sends it on: in TTL mode into the level of the highest set bit
+//! of its delay, in plugin mode (where the message has already waited) to the
+//! due exchange. A message that breaks the contract is parked with its reason.
+//!
+//! Routing is pipelined: each delivery is published at once and acked when the
+//! broker confirms the copy, so many are in flight while confirms come back.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use tokio_util::sync::CancellationToken;
+
+use super::topology::{LEVELS, Mode, ttl_routing_key};
+use super::wire::{self, Park};
+use super::{Error, park_delivery};
+use crate::app::Context;
+use crate::domain::TimeoutKind;
+
+/// Where a valid message goes next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Exchange to publish to.
+    pub exchange: String,
+    /// Routing key to publish with.
+    pub routing_key: String,
+    /// The kind, for metrics.
+    pub kind: TimeoutKind,
+}
+
+/// Decides where a message from the ingest queue goes, or why it is parked.
+pub fn classify(
+    ctx: &Context,
+    mode: Mode,
+    delivery: &Delivery,
+) -> Result<Route, (Park, Option<TimeoutKind>)> {
+    let headers = delivery.properties.headers().as_ref();
+    let content_type = delivery
+        .properties
+        .content_type()
+        .as_ref()
+        .map(|c| c.as_str());
+    let message = wire::decode(delivery.routing_key.as_str(), content_type, &delivery.data)
+        .map_err(|p| (p, None))?;
+    let kind = message.kind;
+    match mode {
+        Mode::Ttl => {
+            let delay_ms = wire::publish_delay(headers).map_err(|p| (p, Some(kind)))?;
+            // Whole seconds in the levels (rounded down, so never late); the
+            // consumer holds the sub-second rest against the database deadline.
+            Ok(Route {
+                exchange: ctx.names.out(LEVELS),
+                routing_key: ttl_routing_key(delay_ms / 1000, kind),
+                kind,
+            })
+        }
+        Mode::Plugin => {
+            wire::delivered_delay(headers).map_err(|p| (p, Some(kind)))?;
+            Ok(Route {
+                exchange: ctx.names.due(),
+                routing_key: kind.as_str().to_string(),
+                kind,
+            })
+        }
+    }
+}
+
+/// Consumes the ingest queue until shutdown or a connection failure.
+pub async fn run(
+    ctx: Arc<Context>,
+    conn: Arc<Connection>,
+    mode: Mode,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let consume = conn.create_channel().await?;
+    // Prefetch bounds how many messages are in flight between broker and router.
+    consume
+        .basic_qos(ctx.settings.amqp.prefetch, BasicQosOptions::default())
+        .await?;
+    let publish = conn.create_channel().await?;
+    // Confirms: a message is acked from ingest only once its copy is safe.
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let tag = format!("router {}", ctx.settings.amqp.instance);
+    let mut consumer = consume
+        .basic_consume(
+            ctx.names.ingest().as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut in_flight = FuturesUnordered::new();
+    let result = loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break Ok(()),
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                if let Err(e) = done {
+                    break Err(e);
+                }
+            }
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => {
+                    ctx.events.delivery("ingest", delivery.redelivered);
+                    in_flight.push(route_one(ctx.clone(), publish.clone(), mode, delivery));
+                }
+                Some(Err(e)) => break Err(e.into()),
+                None => break Err(Error::ConsumerEnded(ctx.names.ingest())),
+            },
+        }
+    };
+    // Stop new deliveries, then finish what is in flight (on a broken connection
+    // these fail fast and the broker requeues the unacked ones).
+    let _ = consume
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await;
+    while let Some(done) = in_flight.next().await {
+        if let Err(e) = done {
+            tracing::debug!(error = %e, "in-flight route failed during stop");
+        }
+    }
+    result
+}
+
+async fn route_one(
+    ctx: Arc<Context>,
+    publish: Channel,
+    mode: Mode,
+    delivery: Delivery,
+) -> Result<(), Error> {
+    match classify(&ctx, mode, &delivery) {
+        Ok(route) => {
+            let confirm = publish
+                .basic_publish(
+                    route.exchange.as_str().into(),
+                    route.routing_key.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &delivery.data,
+                    // Unchanged properties: message_id, timestamp and headers travel on.
+                    delivery.properties.clone(),
+                )
+                .await?
+                .await?;
+            if confirm.is_nack() {
+                return Err(Error::Nacked(route.exchange));
+            }
+            delivery.acker.ack(Default::default()).await?;
+            tracing::trace!(kind = route.kind.as_str(), routing_key = %route.routing_key, "routed");
+            Ok(())
+        }
+        Err((park, kind)) => park_delivery(&ctx, &publish, &delivery, &park, "router", kind).await,
+    }
+}

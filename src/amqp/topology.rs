@@ -1,0 +1,493 @@
+//! Exchange and queue names, the TTL-level layout, and its declaration.
+//!
+//! ```text
+//! publisher ─► <prefix> ─► <prefix>.ingest ─► router
+//!   ttl:    router ─► <prefix>.out.23 ─► level of the highest set bit ─► … ─► <prefix>.due
+//!   plugin: <prefix> is x-delayed-message; router (after the delay) ─► <prefix>.due
+//! <prefix>.due (topic, `#.<kind>`) ─► <prefix>.work.<kind> ─► consumer
+//! anything that breaks the contract ─► <prefix>.parked (with x-parked-reason)
+//! ```
+//!
+//! TTL mode: a delay of D whole seconds is written as [`LEVELS`] bits, most
+//! significant first, then the kind: `0.….1.0.1.payment`. Level L is a queue
+//! whose messages all live exactly 2^L s (a queue TTL, so the queue is FIFO by
+//! expiry and nothing waits behind a longer message), then dead-letter to
+//! exchange `<prefix>.out.L`, whose topic bindings send the message straight to
+//! the level of the next set bit below L, or to the due exchange when none is
+//! left. The router enters at `<prefix>.out.23`, which lands the message in the
+//! level of its highest set bit. The sub-second remainder is held by the consumer.
+
+use lapin::options::{
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{Channel, Connection, ExchangeKind};
+
+use crate::domain::TimeoutKind;
+
+/// Bits in a TTL routing key: 2^23 s is 97 days, more than the 49.7 days of the
+/// largest `x-delay`.
+pub const LEVELS: u32 = 23;
+
+/// The delay mechanism actually in use (`auto` resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The delayed-message exchange plugin.
+    Plugin,
+    /// Binary TTL levels.
+    Ttl,
+}
+
+impl Mode {
+    /// Spelling in logs, metrics and `doctor`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plugin => "plugin",
+            Self::Ttl => "ttl",
+        }
+    }
+}
+
+/// Every exchange and queue name, derived from the configured prefix.
+#[derive(Debug, Clone)]
+pub struct Names {
+    prefix: String,
+}
+
+impl Names {
+    /// Names under `prefix` (the entry exchange is the prefix itself).
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_string(),
+        }
+    }
+    /// The exchange publishers use.
+    pub fn entry(&self) -> &str {
+        &self.prefix
+    }
+    /// The queue behind the entry exchange, read by the router.
+    pub fn ingest(&self) -> String {
+        format!("{}.ingest", self.prefix)
+    }
+    /// TTL level `l` (zero-padded so the management UI lists levels in order).
+    pub fn level(&self, l: u32) -> String {
+        format!("{}.level.{l:02}", self.prefix)
+    }
+    /// The exchange a message reaches after leaving level `l`; `out.23` is the entry.
+    pub fn out(&self, l: u32) -> String {
+        format!("{}.out.{l:02}", self.prefix)
+    }
+    /// Where due messages go, routed by kind to the work queues.
+    pub fn due(&self) -> String {
+        format!("{}.due", self.prefix)
+    }
+    /// The work queue of one kind.
+    pub fn work(&self, kind: TimeoutKind) -> String {
+        format!("{}.work.{}", self.prefix, kind.as_str())
+    }
+    /// Exchange and queue of messages that broke the contract.
+    pub fn parked(&self) -> String {
+        format!("{}.parked", self.prefix)
+    }
+}
+
+/// The TTL routing key of a delay in whole seconds (clamped to what the bits hold).
+pub fn ttl_routing_key(seconds: u64, kind: TimeoutKind) -> String {
+    let seconds = seconds.min((1 << LEVELS) - 1);
+    let mut key = String::with_capacity(LEVELS as usize * 2 + 12);
+    for bit in (0..LEVELS).rev() {
+        key.push(if seconds >> bit & 1 == 1 { '1' } else { '0' });
+        key.push('.');
+    }
+    key.push_str(kind.as_str());
+    key
+}
+
+/// Where a binding leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// A queue.
+    Queue(String),
+    /// An exchange (exchange-to-exchange binding).
+    Exchange(String),
+}
+
+/// One binding of the topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// The exchange messages come from.
+    pub source: String,
+    /// Where they go.
+    pub destination: Destination,
+    /// The binding key (a topic pattern where the source is a topic exchange).
+    pub key: String,
+}
+
+/// The bindings of the TTL levels: from each `out.L` to the level of the next set
+/// bit below L, and to the due exchange when no bit below L is set.
+pub fn level_bindings(names: &Names) -> Vec<Binding> {
+    let mut out = Vec::new();
+    for l in 0..=LEVELS {
+        let seen = "*.".repeat((LEVELS - l) as usize);
+        for k in 0..l {
+            let zeros = "0.".repeat((l - 1 - k) as usize);
+            out.push(Binding {
+                source: names.out(l),
+                destination: Destination::Queue(names.level(k)),
+                key: format!("{seen}{zeros}1.#"),
+            });
+        }
+        out.push(Binding {
+            source: names.out(l),
+            destination: Destination::Exchange(names.due()),
+            key: format!("{seen}{}*", "0.".repeat(l as usize)),
+        });
+    }
+    out
+}
+
+fn args(pairs: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (k, v) in pairs {
+        table.insert((*k).into(), v.clone());
+    }
+    table
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+/// Arguments every queue of ours gets: classic queue version 2, which keeps
+/// messages on disk with a small index and moves a due burst out faster than v1.
+fn queue_args(extra: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut pairs = vec![("x-queue-version", AMQPValue::LongInt(2))];
+    pairs.extend_from_slice(extra);
+    args(&pairs)
+}
+
+fn durable_exchange() -> ExchangeDeclareOptions {
+    // Durable: the topology must outlive a broker restart; never auto-deleted.
+    ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+fn durable_queue() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+/// Declares the whole topology of `mode`. Idempotent; run on every (re)connect so
+/// a broker that lost its definitions gets them back. Fails with 406
+/// PRECONDITION_FAILED when a name exists with other arguments (for example the
+/// entry exchange left by the other mode): `doctor` explains that case.
+pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(), lapin::Error> {
+    // The entry exchange. Fanout: every message reaches the router whatever its
+    // routing key, so an unknown kind is parked with a reason instead of being
+    // dropped as unroutable. In plugin mode the plugin wraps that fanout.
+    match mode {
+        Mode::Ttl => {
+            channel
+                .exchange_declare(
+                    names.entry().into(),
+                    ExchangeKind::Fanout,
+                    durable_exchange(),
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        Mode::Plugin => {
+            channel
+                .exchange_declare(
+                    names.entry().into(),
+                    ExchangeKind::Custom("x-delayed-message".into()),
+                    durable_exchange(),
+                    args(&[("x-delayed-type", text("fanout"))]),
+                )
+                .await?;
+        }
+    }
+    channel
+        .queue_declare(
+            names.ingest().as_str().into(),
+            durable_queue(),
+            queue_args(&[]),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            names.ingest().as_str().into(),
+            names.entry().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+
+    // Parked messages: kept until an operator looks at them; never expire.
+    channel
+        .exchange_declare(
+            names.parked().as_str().into(),
+            ExchangeKind::Fanout,
+            durable_exchange(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_declare(
+            names.parked().as_str().into(),
+            durable_queue(),
+            queue_args(&[]),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            names.parked().as_str().into(),
+            names.parked().as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+
+    // Due side: topic, because TTL routing keys carry the delay bits before the kind.
+    channel
+        .exchange_declare(
+            names.due().as_str().into(),
+            ExchangeKind::Topic,
+            durable_exchange(),
+            FieldTable::default(),
+        )
+        .await?;
+    for kind in TimeoutKind::ALL {
+        let queue = names.work(kind);
+        channel
+            .queue_declare(queue.as_str().into(), durable_queue(), queue_args(&[]))
+            .await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                names.due().as_str().into(),
+                format!("#.{}", kind.as_str()).as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+
+    if mode == Mode::Ttl {
+        for l in 0..=LEVELS {
+            channel
+                .exchange_declare(
+                    names.out(l).as_str().into(),
+                    ExchangeKind::Topic,
+                    durable_exchange(),
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        for l in 0..LEVELS {
+            let ttl_ms = (1i64 << l) * 1000;
+            channel
+                .queue_declare(
+                    names.level(l).as_str().into(),
+                    durable_queue(),
+                    queue_args(&[
+                        // Queue-wide TTL: every message in a level lives exactly as long,
+                        // so expiry order is arrival order and the head is always next.
+                        ("x-message-ttl", AMQPValue::LongLongInt(ttl_ms)),
+                        // No dead-letter routing key: the original key, with its bits, travels on.
+                        ("x-dead-letter-exchange", text(&names.out(l))),
+                    ]),
+                )
+                .await?;
+        }
+        for b in level_bindings(names) {
+            match &b.destination {
+                Destination::Queue(q) => {
+                    channel
+                        .queue_bind(
+                            q.as_str().into(),
+                            b.source.as_str().into(),
+                            b.key.as_str().into(),
+                            QueueBindOptions::default(),
+                            FieldTable::default(),
+                        )
+                        .await?
+                }
+                Destination::Exchange(x) => {
+                    channel
+                        .exchange_bind(
+                            x.as_str().into(),
+                            b.source.as_str().into(),
+                            b.key.as_str().into(),
+                            Default::default(),
+                            FieldTable::default(),
+                        )
+                        .await?
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes everything [`declare`] may have created under these names, for tests
+/// and for switching modes. Pending timers in the levels are lost: only for
+/// operators who mean it.
+pub async fn delete_all(channel: &Channel, names: &Names) -> Result<(), lapin::Error> {
+    let mut queues = vec![names.ingest(), names.parked()];
+    queues.extend(TimeoutKind::ALL.map(|k| names.work(k)));
+    queues.extend((0..LEVELS).map(|l| names.level(l)));
+    for q in queues {
+        channel
+            .queue_delete(q.as_str().into(), Default::default())
+            .await?;
+    }
+    let mut exchanges = vec![names.entry().to_string(), names.parked(), names.due()];
+    exchanges.extend((0..=LEVELS).map(|l| names.out(l)));
+    for x in exchanges {
+        channel
+            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+            .await?;
+    }
+    Ok(())
+}
+
+/// Does this broker offer the `x-delayed-message` exchange type? Asked on a
+/// throwaway connection, because declaring an unknown exchange type closes the
+/// whole connection (503 COMMAND_INVALID), not just the channel.
+pub async fn probe_plugin(conn: &Connection, names: &Names) -> Result<bool, lapin::Error> {
+    let channel = conn.create_channel().await?;
+    let probe = format!("{}.probe.{}", names.entry(), uuid::Uuid::new_v4().simple());
+    let declared = channel
+        .exchange_declare(
+            probe.as_str().into(),
+            ExchangeKind::Custom("x-delayed-message".into()),
+            // Auto-delete and non-durable: nothing is left behind if we die here.
+            ExchangeDeclareOptions {
+                auto_delete: true,
+                ..Default::default()
+            },
+            args(&[("x-delayed-type", text("direct"))]),
+        )
+        .await;
+    match declared {
+        Ok(()) => {
+            channel
+                .exchange_delete(probe.as_str().into(), ExchangeDeleteOptions::default())
+                .await?;
+            Ok(true)
+        }
+        Err(e) if is_unknown_exchange_type(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn is_unknown_exchange_type(e: &lapin::Error) -> bool {
+    let text = e.to_string();
+    // RabbitMQ answers "COMMAND_INVALID - unknown exchange type 'x-delayed-message'".
+    text.contains("unknown exchange type")
+        || text.contains("COMMAND_INVALID")
+        || text.contains("503")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Topic matching as RabbitMQ does it (`*` one word, `#` zero or more).
+    fn matches(pattern: &[&str], key: &[&str]) -> bool {
+        match (pattern.first(), key.first()) {
+            (None, None) => true,
+            (Some(&"#"), _) => (0..=key.len()).any(|i| matches(&pattern[1..], &key[i..])),
+            (Some(&"*"), Some(_)) => matches(&pattern[1..], &key[1..]),
+            (Some(p), Some(k)) if p == k => matches(&pattern[1..], &key[1..]),
+            _ => false,
+        }
+    }
+
+    fn route<'a>(bindings: &'a [Binding], exchange: &str, key: &str) -> Vec<&'a Destination> {
+        let key: Vec<&str> = key.split('.').collect();
+        bindings
+            .iter()
+            .filter(|b| {
+                b.source == exchange && matches(&b.key.split('.').collect::<Vec<_>>(), &key)
+            })
+            .map(|b| &b.destination)
+            .collect()
+    }
+
+    /// Follows a message through the levels, returning the TTL seconds it spent.
+    fn walk(names: &Names, bindings: &[Binding], seconds: u64) -> u64 {
+        let key = ttl_routing_key(seconds, TimeoutKind::Payment);
+        let mut exchange = names.out(LEVELS);
+        let mut waited = 0;
+        let mut previous_level = LEVELS;
+        loop {
+            let dest = route(bindings, &exchange, &key);
+            assert_eq!(
+                dest.len(),
+                1,
+                "exactly one route from {exchange} for {key}: {dest:?}"
+            );
+            match dest[0] {
+                Destination::Exchange(x) => {
+                    assert_eq!(x, &names.due());
+                    return waited;
+                }
+                Destination::Queue(q) => {
+                    let level: u32 = q.rsplit('.').next().unwrap().parse().unwrap();
+                    assert!(level < previous_level, "levels only go down");
+                    previous_level = level;
+                    waited += 1 << level;
+                    exchange = names.out(level);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_delay_waits_exactly_its_seconds_once_per_set_bit() {
+        let names = Names::new("t");
+        let bindings = level_bindings(&names);
+        let mut samples: Vec<u64> = (0..2050).collect();
+        samples.extend([
+            4_294_967,
+            (1 << LEVELS) - 1,
+            1 << 22,
+            (1 << 22) + 1,
+            86_400 * 14,
+        ]);
+        for s in samples {
+            assert_eq!(walk(&names, &bindings, s), s, "delay {s}s");
+        }
+    }
+
+    #[test]
+    fn routing_keys_are_bits_then_kind() {
+        assert_eq!(
+            ttl_routing_key(5, TimeoutKind::Receipt),
+            format!("{}1.0.1.receipt", "0.".repeat(20))
+        );
+        assert_eq!(
+            ttl_routing_key(u64::MAX, TimeoutKind::Payment)
+                .matches('1')
+                .count(),
+            LEVELS as usize
+        );
+    }
+
+    #[test]
+    fn binding_count_is_about_n_squared_over_two() {
+        let n = LEVELS as usize;
+        assert_eq!(
+            level_bindings(&Names::new("t")).len(),
+            n * (n + 1) / 2 + n + 1
+        );
+    }
+}

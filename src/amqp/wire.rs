@@ -1,0 +1,505 @@
+//! The wire contract (v1): what any publisher sends, and how we read it.
+//!
+//! Exchange `<prefix>`, routing key = kind, header `x-delay` in integer
+//! milliseconds (0 < d ≤ 2^32-1), `content_type = application/json`, persistent,
+//! a unique `message_id`, a `timestamp`, and a JSON body
+//! `{"order_id": "…", "kind": "payment", "due_at": "…"}`. Everything here is pure
+//! so that each rule is unit-tested; a message that breaks one is parked with the
+//! [`Park`] that says which.
+
+use std::collections::BTreeMap;
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use serde::Deserialize;
+
+use crate::domain::{Millis, OrderId, TimeoutKind, truncate};
+
+/// The delay header, shared with the delayed-message plugin.
+pub const X_DELAY: &str = "x-delay";
+/// Largest allowed `x-delay` (the plugin's and Erlang's timer limit).
+pub const MAX_DELAY_MS: u64 = 4_294_967_295;
+/// Bodies larger than this are parked unread; a valid one is under 200 bytes.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Our own count of how many times a message was re-delayed because it came early.
+pub const X_REDELAYS: &str = "x-order-timeout-redelays";
+/// Parked messages carry the reason code here ...
+pub const X_PARKED_REASON: &str = "x-parked-reason";
+/// ... and a human-readable explanation here.
+pub const X_PARKED_DETAIL: &str = "x-parked-detail";
+/// When it was parked (RFC 3339).
+pub const X_PARKED_AT: &str = "x-parked-at";
+/// Which component parked it (`router` or `consumer`).
+pub const X_PARKED_BY: &str = "x-parked-by";
+/// The exchange and routing key the message had when it was parked.
+pub const X_ORIGINAL_EXCHANGE: &str = "x-original-exchange";
+/// See [`X_ORIGINAL_EXCHANGE`].
+pub const X_ORIGINAL_ROUTING_KEY: &str = "x-original-routing-key";
+
+/// Why a message was parked; the label is a metric label and the header value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParkReason {
+    /// The body is not the JSON object of the contract.
+    InvalidBody,
+    /// The body is larger than [`MAX_BODY_BYTES`].
+    BodyTooLarge,
+    /// `content_type` is present and is not JSON.
+    WrongContentType,
+    /// The routing key (or body kind) is not a kind we know.
+    UnknownKind,
+    /// The routing key and the body's `kind` disagree.
+    KindMismatch,
+    /// No `x-delay` header.
+    MissingDelay,
+    /// `x-delay` is not an integer in range.
+    InvalidDelay,
+    /// No order has this id.
+    UnknownOrder,
+}
+
+impl ParkReason {
+    /// Stable machine-readable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidBody => "invalid_body",
+            Self::BodyTooLarge => "body_too_large",
+            Self::WrongContentType => "wrong_content_type",
+            Self::UnknownKind => "unknown_kind",
+            Self::KindMismatch => "kind_mismatch",
+            Self::MissingDelay => "missing_delay",
+            Self::InvalidDelay => "invalid_delay",
+            Self::UnknownOrder => "unknown_order",
+        }
+    }
+}
+
+/// A decision to park, with the reason code and an explanation for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Park {
+    /// The reason code.
+    pub reason: ParkReason,
+    /// What exactly was wrong.
+    pub detail: String,
+}
+
+impl Park {
+    /// A park decision.
+    pub fn new(reason: ParkReason, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A decoded, validated timeout message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimeoutMessage {
+    /// The order to look at.
+    pub order_id: OrderId,
+    /// Which deadline passed.
+    pub kind: TimeoutKind,
+    /// The publisher's idea of the deadline; informative only (the database decides).
+    pub due_at: Option<Millis>,
+}
+
+#[derive(Deserialize)]
+struct Body {
+    order_id: serde_json::Value,
+    kind: Option<String>,
+    due_at: Option<String>,
+}
+
+/// Decodes and validates a body against the routing key it came with.
+pub fn decode(
+    routing_key: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<TimeoutMessage, Park> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(Park::new(
+            ParkReason::BodyTooLarge,
+            format!(
+                "body is {} bytes, the limit is {MAX_BODY_BYTES}",
+                body.len()
+            ),
+        ));
+    }
+    if let Some(ct) = content_type {
+        let essence = ct.split(';').next().unwrap_or_default().trim();
+        if !essence.eq_ignore_ascii_case("application/json") {
+            return Err(Park::new(
+                ParkReason::WrongContentType,
+                format!(
+                    "content_type is '{}', expected application/json",
+                    truncate(ct, 64)
+                ),
+            ));
+        }
+    }
+    let kind: TimeoutKind = routing_key
+        .parse()
+        .map_err(|e| Park::new(ParkReason::UnknownKind, e))?;
+    let parsed: Body = serde_json::from_slice(body).map_err(|e| {
+        Park::new(
+            ParkReason::InvalidBody,
+            format!("body is not the contract's JSON object: {e}"),
+        )
+    })?;
+    let order_id = match parsed.order_id {
+        serde_json::Value::String(s) => s
+            .parse::<OrderId>()
+            .map_err(|e| Park::new(ParkReason::InvalidBody, e))?,
+        other => {
+            return Err(Park::new(
+                ParkReason::InvalidBody,
+                format!(
+                    "order_id must be a string, got {}",
+                    truncate(&other.to_string(), 64)
+                ),
+            ));
+        }
+    };
+    if let Some(body_kind) = parsed.kind {
+        let body_kind: TimeoutKind = body_kind
+            .parse()
+            .map_err(|e| Park::new(ParkReason::UnknownKind, e))?;
+        if body_kind != kind {
+            return Err(Park::new(
+                ParkReason::KindMismatch,
+                format!("routing key says '{kind}' but the body says '{body_kind}'"),
+            ));
+        }
+    }
+    let due_at = match parsed.due_at {
+        Some(s) => Some(
+            Millis::parse_rfc3339(&s)
+                .map_err(|e| Park::new(ParkReason::InvalidBody, format!("due_at: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok(TimeoutMessage {
+        order_id,
+        kind,
+        due_at,
+    })
+}
+
+/// Encodes a body per the contract.
+pub fn encode(message: &TimeoutMessage) -> Vec<u8> {
+    let mut body = serde_json::json!({
+        "order_id": message.order_id.to_string(),
+        "kind": message.kind.as_str(),
+    });
+    if let Some(due) = message.due_at {
+        body["due_at"] = serde_json::Value::String(due.to_rfc3339());
+    }
+    body.to_string().into_bytes()
+}
+
+/// Reads an integer header of any AMQP integer width.
+pub fn header_int(headers: Option<&FieldTable>, name: &str) -> Option<Result<i64, String>> {
+    let value = headers?.inner().get(name)?;
+    Some(match value {
+        AMQPValue::ShortShortInt(v) => Ok(i64::from(*v)),
+        AMQPValue::ShortShortUInt(v) => Ok(i64::from(*v)),
+        AMQPValue::ShortInt(v) => Ok(i64::from(*v)),
+        AMQPValue::ShortUInt(v) => Ok(i64::from(*v)),
+        AMQPValue::LongInt(v) => Ok(i64::from(*v)),
+        AMQPValue::LongUInt(v) => Ok(i64::from(*v)),
+        AMQPValue::LongLongInt(v) => Ok(*v),
+        AMQPValue::Timestamp(v) => i64::try_from(*v).map_err(|_| format!("{v} is too large")),
+        other => Err(format!(
+            "{name} must be an integer, got {}",
+            describe_value(other)
+        )),
+    })
+}
+
+fn describe_value(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::LongString(s) => format!(
+            "the string '{}'",
+            truncate(&String::from_utf8_lossy(s.as_bytes()), 32)
+        ),
+        AMQPValue::ShortString(s) => format!("the string '{}'", truncate(s.as_str(), 32)),
+        AMQPValue::Float(f) => format!("the float {f}"),
+        AMQPValue::Double(f) => format!("the float {f}"),
+        AMQPValue::Boolean(b) => format!("the boolean {b}"),
+        other => format!("a value of type {:?}", other.get_type()),
+    }
+}
+
+/// Validates `x-delay` on a message entering the TTL router: an integer in
+/// 1..=2^32-1 milliseconds. Anything else would be delivered at once by the
+/// plugin, so in both modes it is parked instead of acted on.
+pub fn publish_delay(headers: Option<&FieldTable>) -> Result<u64, Park> {
+    match header_int(headers, X_DELAY) {
+        None => Err(Park::new(
+            ParkReason::MissingDelay,
+            "no x-delay header (integer milliseconds)",
+        )),
+        Some(Err(e)) => Err(Park::new(ParkReason::InvalidDelay, e)),
+        Some(Ok(d)) if d <= 0 => Err(Park::new(
+            ParkReason::InvalidDelay,
+            format!("x-delay is {d}, it must be above 0"),
+        )),
+        Some(Ok(d)) if d as u64 > MAX_DELAY_MS => Err(Park::new(
+            ParkReason::InvalidDelay,
+            format!("x-delay is {d}, the most is {MAX_DELAY_MS} (about 49.7 days)"),
+        )),
+        Some(Ok(d)) => Ok(d as u64),
+    }
+}
+
+/// Validates `x-delay` on a message the delayed-message plugin delivered. The
+/// plugin rewrites the header of a message it really delayed to `-delay`; any
+/// other value (missing, zero, positive, not an integer) means it was delivered
+/// at once, so the publisher broke the contract.
+pub fn delivered_delay(headers: Option<&FieldTable>) -> Result<u64, Park> {
+    match header_int(headers, X_DELAY) {
+        Some(Ok(d)) if d < 0 && d.unsigned_abs() <= MAX_DELAY_MS => Ok(d.unsigned_abs()),
+        // Not rewritten: say what the publisher sent, as the router would.
+        _ => match publish_delay(headers) {
+            Err(park) => Err(park),
+            Ok(d) => Err(Park::new(
+                ParkReason::InvalidDelay,
+                format!("x-delay {d} was not honoured by the delayed-message exchange"),
+            )),
+        },
+    }
+}
+
+/// Properties of a timeout message as the contract wants them.
+pub fn properties(
+    message_id: &str,
+    now: Millis,
+    delay_ms: u64,
+    extra: &[(&str, AMQPValue)],
+) -> BasicProperties {
+    let mut headers = BTreeMap::new();
+    // The plugin reads signed integers; i64 carries the full 0..2^32-1 range.
+    headers.insert(
+        ShortString::from(X_DELAY),
+        AMQPValue::LongLongInt(delay_ms as i64),
+    );
+    for (k, v) in extra {
+        headers.insert(ShortString::from(*k), v.clone());
+    }
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        // Persistent: a timer must survive a broker restart.
+        .with_delivery_mode(2)
+        .with_message_id(message_id.into())
+        .with_timestamp(u64::try_from(now.0 / 1000).unwrap_or(0))
+        .with_headers(FieldTable::from(headers))
+}
+
+/// The properties of a parked copy: everything the original had, plus why.
+pub fn parked_properties(
+    original: &BasicProperties,
+    park: &Park,
+    by: &str,
+    exchange: &str,
+    routing_key: &str,
+    now: Millis,
+) -> BasicProperties {
+    let mut headers = original
+        .headers()
+        .clone()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
+    headers.insert(X_PARKED_REASON.into(), text(park.reason.as_str()));
+    headers.insert(X_PARKED_DETAIL.into(), text(&truncate(&park.detail, 1000)));
+    headers.insert(X_PARKED_AT.into(), text(&now.to_rfc3339()));
+    headers.insert(X_PARKED_BY.into(), text(by));
+    headers.insert(X_ORIGINAL_EXCHANGE.into(), text(exchange));
+    headers.insert(
+        X_ORIGINAL_ROUTING_KEY.into(),
+        text(&truncate(routing_key, 200)),
+    );
+    // Persistent, whatever the original said: a parked message is evidence.
+    original
+        .clone()
+        .with_delivery_mode(2)
+        .with_headers(FieldTable::from(headers))
+}
+
+/// Reads a text header (long or short string).
+pub fn header_text(headers: Option<&FieldTable>, name: &str) -> Option<String> {
+    match headers?.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(value: AMQPValue) -> FieldTable {
+        let mut t = FieldTable::default();
+        t.insert(X_DELAY.into(), value);
+        t
+    }
+
+    #[test]
+    fn decodes_the_contract_body() {
+        let m = decode(
+            "payment",
+            Some("application/json"),
+            br#"{"order_id":"42","kind":"payment","due_at":"2026-11-30T05:30:00Z","extra":1}"#,
+        )
+        .unwrap();
+        assert_eq!(m.order_id.get(), 42);
+        assert_eq!(m.kind, TimeoutKind::Payment);
+        assert_eq!(
+            m.due_at,
+            Some(Millis::parse_rfc3339("2026-11-30T05:30:00Z").unwrap())
+        );
+        let m = decode("receipt", None, br#"{"order_id":"7"}"#).unwrap();
+        assert_eq!(m.kind, TimeoutKind::Receipt);
+        assert_eq!(
+            decode("payment", None, &encode(&m)).unwrap_err().reason,
+            ParkReason::KindMismatch
+        );
+    }
+
+    #[test]
+    fn parks_what_breaks_the_contract() {
+        let cases: [(&str, Option<&str>, &[u8], ParkReason); 8] = [
+            ("payment", None, b"not json", ParkReason::InvalidBody),
+            (
+                "payment",
+                None,
+                br#"{"order_id":42}"#,
+                ParkReason::InvalidBody,
+            ),
+            (
+                "payment",
+                None,
+                br#"{"order_id":"-4"}"#,
+                ParkReason::InvalidBody,
+            ),
+            (
+                "refund",
+                None,
+                br#"{"order_id":"4"}"#,
+                ParkReason::UnknownKind,
+            ),
+            (
+                "payment",
+                None,
+                br#"{"order_id":"4","kind":"refund"}"#,
+                ParkReason::UnknownKind,
+            ),
+            (
+                "payment",
+                Some("text/plain"),
+                br#"{"order_id":"4"}"#,
+                ParkReason::WrongContentType,
+            ),
+            (
+                "payment",
+                None,
+                br#"{"order_id":"4","due_at":"tomorrow"}"#,
+                ParkReason::InvalidBody,
+            ),
+            (
+                "payment",
+                None,
+                &[0xff, 0xfe, 0x00],
+                ParkReason::InvalidBody,
+            ),
+        ];
+        for (rk, ct, body, reason) in cases {
+            assert_eq!(
+                decode(rk, ct, body).unwrap_err().reason,
+                reason,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let big = vec![b' '; MAX_BODY_BYTES + 1];
+        assert_eq!(
+            decode("payment", None, &big).unwrap_err().reason,
+            ParkReason::BodyTooLarge
+        );
+    }
+
+    #[test]
+    fn validates_x_delay() {
+        assert_eq!(
+            publish_delay(Some(&table(AMQPValue::LongInt(1500)))),
+            Ok(1500)
+        );
+        assert_eq!(
+            publish_delay(Some(&table(AMQPValue::LongLongInt(4_294_967_295)))),
+            Ok(4_294_967_295)
+        );
+        assert_eq!(
+            publish_delay(None).unwrap_err().reason,
+            ParkReason::MissingDelay
+        );
+        for bad in [
+            AMQPValue::LongInt(0),
+            AMQPValue::LongInt(-5),
+            AMQPValue::LongLongInt(4_294_967_296),
+            AMQPValue::Double(1.5),
+            AMQPValue::LongString("1000".into()),
+        ] {
+            assert_eq!(
+                publish_delay(Some(&table(bad.clone()))).unwrap_err().reason,
+                ParkReason::InvalidDelay,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn recognises_what_the_plugin_delayed() {
+        assert_eq!(
+            delivered_delay(Some(&table(AMQPValue::LongInt(-2000)))),
+            Ok(2000)
+        );
+        assert_eq!(
+            delivered_delay(None).unwrap_err().reason,
+            ParkReason::MissingDelay
+        );
+        assert_eq!(
+            delivered_delay(Some(&table(AMQPValue::LongInt(0))))
+                .unwrap_err()
+                .reason,
+            ParkReason::InvalidDelay
+        );
+        assert_eq!(
+            delivered_delay(Some(&table(AMQPValue::LongLongInt(5_000_000_000))))
+                .unwrap_err()
+                .reason,
+            ParkReason::InvalidDelay
+        );
+    }
+
+    #[test]
+    fn parked_copies_keep_headers_and_say_why() {
+        let props = properties("m1", Millis(0), 1000, &[]);
+        let park = Park::new(ParkReason::InvalidBody, "bad");
+        let parked = parked_properties(
+            &props,
+            &park,
+            "router",
+            "order.timeouts",
+            "payment",
+            Millis(0),
+        );
+        let h = parked.headers().as_ref();
+        assert_eq!(
+            header_text(h, X_PARKED_REASON).as_deref(),
+            Some("invalid_body")
+        );
+        assert_eq!(header_int(h, X_DELAY), Some(Ok(1000)));
+        assert_eq!(parked.message_id().as_ref().map(|s| s.as_str()), Some("m1"));
+    }
+}

@@ -1,0 +1,225 @@
+//! Start-up and the run loop: builds the shared [`Context`], binds the HTTP
+//! listener (port 0 works, for tests), then runs the HTTP API, the outbox relay,
+//! the router, the consumers and the sweeper until the shutdown token fires, and
+//! waits for each to finish what it holds.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sea_orm::DatabaseConnection;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, OnceCell};
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::topology::{Mode, Names};
+use crate::amqp::{self, consumer, relay, router};
+use crate::metrics::Events;
+use crate::settings::Settings;
+use crate::{db, http, sweeper};
+
+/// How long shutdown may take before remaining tasks are abandoned.
+pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
+
+/// Live state of the dependencies, for `/readyz`.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The last database operation of a background component succeeded.
+    database: AtomicBool,
+    /// Per broker role, whether its connection is up.
+    relay: AtomicBool,
+    router: AtomicBool,
+    consumer: AtomicBool,
+}
+
+impl Health {
+    /// Records a broker role's connection state.
+    pub fn set_broker(&self, role: &str, up: bool) {
+        let flag = match role {
+            "relay" => &self.relay,
+            "router" => &self.router,
+            _ => &self.consumer,
+        };
+        flag.store(up, Ordering::Relaxed);
+    }
+    /// `(role, connected)` for every broker role.
+    pub fn broker(&self) -> [(&'static str, bool); 3] {
+        [
+            ("relay", self.relay.load(Ordering::Relaxed)),
+            ("router", self.router.load(Ordering::Relaxed)),
+            ("consumer", self.consumer.load(Ordering::Relaxed)),
+        ]
+    }
+    /// Records whether the database answered a background component.
+    pub fn set_database(&self, up: bool) {
+        self.database.store(up, Ordering::Relaxed);
+    }
+    /// Whether the database answered last time.
+    pub fn database(&self) -> bool {
+        self.database.load(Ordering::Relaxed)
+    }
+}
+
+/// Everything the components share.
+pub struct Context {
+    /// Validated settings.
+    pub settings: Settings,
+    /// Exchange and queue names.
+    pub names: Names,
+    /// The database pool.
+    pub db: DatabaseConnection,
+    /// Logs and metrics.
+    pub events: Arc<Events>,
+    /// Dependency state for `/readyz`.
+    pub health: Health,
+    /// Wakes the outbox relay when a transaction wrote a row.
+    pub relay_wakeup: Notify,
+    /// The delay mode, resolved once (probing the broker if `auto`).
+    mode: OnceCell<(Mode, String)>,
+}
+
+impl Context {
+    /// A context over an open database.
+    pub fn new(settings: Settings, db: DatabaseConnection) -> Self {
+        let names = Names::new(&settings.amqp.prefix);
+        let health = Health::default();
+        health.set_database(true);
+        Self {
+            settings,
+            names,
+            db,
+            events: Events::new(),
+            health,
+            relay_wakeup: Notify::new(),
+            mode: OnceCell::new(),
+        }
+    }
+
+    /// The delay mode in effect, resolving it on first use.
+    pub async fn delay_mode(&self) -> Result<Mode, lapin::Error> {
+        let (mode, _) = self
+            .mode
+            .get_or_try_init(|| async {
+                let (mode, why) = amqp::resolve_mode(&self.settings.amqp, &self.names).await?;
+                tracing::info!(mode = mode.as_str(), reason = %why, "delay mode chosen");
+                Ok::<_, lapin::Error>((mode, why))
+            })
+            .await?;
+        Ok(*mode)
+    }
+
+    /// The mode if already resolved.
+    pub fn resolved_mode(&self) -> Option<Mode> {
+        self.mode.get().map(|(m, _)| *m)
+    }
+}
+
+/// A built application: database ready, listener bound, nothing running yet.
+pub struct Application {
+    listener: TcpListener,
+    ctx: Arc<Context>,
+}
+
+impl Application {
+    /// Connects the database, migrates unless told not to, and binds the HTTP port.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let db = db::connect(&settings.database).await.with_context(|| {
+            format!(
+                "cannot connect to the database {}",
+                settings.database.url.redacted()
+            )
+        })?;
+        if settings.database.migrate_on_start {
+            db::migrate(&db).await.context("migrating the database")?;
+        }
+        let listener = TcpListener::bind(settings.http.bind)
+            .await
+            .with_context(|| format!("cannot listen on {} (http.bind)", settings.http.bind))?;
+        tracing::info!(
+            database = %settings.database.url.redacted(),
+            backend = db::backend_name(&db),
+            broker = %settings.amqp.url.redacted(),
+            prefix = %settings.amqp.prefix,
+            "order-timeout ready to start"
+        );
+        Ok(Self {
+            listener,
+            ctx: Arc::new(Context::new(settings, db)),
+        })
+    }
+
+    /// The address the HTTP API listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(self.ctx.settings.http.bind)
+    }
+
+    /// The shared context (tests inspect metrics and the database through it).
+    pub fn context(&self) -> Arc<Context> {
+        self.ctx.clone()
+    }
+
+    /// Runs every component until `shutdown` fires, then drains them.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let ctx = self.ctx;
+        tracing::info!(addr = %self.listener.local_addr()?, "HTTP API listening");
+        let mut tasks = tokio::task::JoinSet::new();
+        {
+            let app = http::router(ctx.clone());
+            let stop = shutdown.clone();
+            let listener = self.listener;
+            tasks.spawn(async move {
+                if let Err(e) = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+                {
+                    tracing::error!(error = %e, "HTTP server failed");
+                }
+            });
+        }
+        let (c, s) = (ctx.clone(), shutdown.clone());
+        tasks.spawn(amqp::supervise(
+            ctx.clone(),
+            "relay",
+            shutdown.clone(),
+            move |conn, mode| relay::run(c.clone(), conn, mode, s.clone()),
+        ));
+        let (c, s) = (ctx.clone(), shutdown.clone());
+        tasks.spawn(amqp::supervise(
+            ctx.clone(),
+            "router",
+            shutdown.clone(),
+            move |conn, mode| router::run(c.clone(), conn, mode, s.clone()),
+        ));
+        let (c, s) = (ctx.clone(), shutdown.clone());
+        tasks.spawn(amqp::supervise(
+            ctx.clone(),
+            "consumer",
+            shutdown.clone(),
+            move |conn, mode| consumer::run(c.clone(), conn, mode, s.clone()),
+        ));
+        if ctx.settings.sweeper.enabled {
+            tasks.spawn(sweeper::run(ctx.clone(), shutdown.clone()));
+        }
+
+        shutdown.cancelled().await;
+        tracing::info!("shutting down: finishing in-flight work");
+        let drained = tokio::time::timeout(SHUTDOWN_LIMIT, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                limit_s = SHUTDOWN_LIMIT.as_secs(),
+                "shutdown limit reached; abandoning remaining work (the broker redelivers it)"
+            );
+            tasks.abort_all();
+        }
+        ctx.db.clone().close().await.ok();
+        tracing::info!("stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,228 @@
+//! The command line: `serve`, `migrate`, `doctor` and `schedule`. Each parses its
+//! arguments, loads the settings (a wrong value stops here, naming its key) and
+//! calls the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use migrations::{Migrator, MigratorTrait};
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::{self, topology::Names, wire};
+use crate::app::Application;
+use crate::domain::{Millis, OrderId, TimeoutKind};
+use crate::settings::{Settings, SettingsSource, parse_window};
+use crate::{db, doctor, telemetry};
+
+/// Closes e-commerce orders whose deadline passed: RabbitMQ keeps the deadlines, the database decides.
+#[derive(Debug, Parser)]
+#[command(name = "order-timeout", version, about)]
+pub struct Cli {
+    /// TOML settings file (also ORDER_TIMEOUT_CONFIG); environment variables
+    /// ORDER_TIMEOUT__SECTION__KEY override it.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP API, outbox relay, router, consumers and sweeper.
+    Serve {
+        /// Do not run pending migrations on start.
+        #[arg(long)]
+        no_migrate: bool,
+    },
+    /// Apply, roll back or list database migrations.
+    Migrate {
+        /// up (default), down (roll back the last one) or status.
+        #[arg(value_enum, default_value_t = MigrateAction::Up)]
+        action: MigrateAction,
+    },
+    /// Check settings, database, broker, plugin and topology; exit non-zero on a problem.
+    Doctor,
+    /// Publish one timeout per the wire contract (as any checkout would).
+    Schedule {
+        /// The order's id.
+        #[arg(long)]
+        order_id: String,
+        /// payment, fulfillment or receipt.
+        #[arg(long, default_value = "payment")]
+        kind: String,
+        /// How long until it is due (humantime: 30s, 15m, 2h).
+        #[arg(long = "in", value_name = "DURATION")]
+        delay: String,
+    },
+}
+
+/// `migrate` actions.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum MigrateAction {
+    /// Apply every pending migration.
+    Up,
+    /// Roll back the most recent migration.
+    Down,
+    /// List applied and pending migrations.
+    Status,
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let source = SettingsSource {
+        file: cli.config.clone(),
+        env: None,
+    };
+    let mut settings = match Settings::load(&source) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("order-timeout: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init(&settings.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("order-timeout: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve { no_migrate } => {
+                if no_migrate {
+                    settings.database.migrate_on_start = false;
+                }
+                serve(settings).await
+            }
+            Command::Migrate { action } => migrate(settings, action).await,
+            Command::Doctor => Ok(doctor::run(&settings).await),
+            Command::Schedule {
+                order_id,
+                kind,
+                delay,
+            } => schedule(settings, &order_id, &kind, &delay).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("order-timeout: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
+    let app = Application::build(settings).await?;
+    let shutdown = CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        trigger.cancel();
+    });
+    app.run(shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn migrate(settings: Settings, action: MigrateAction) -> anyhow::Result<ExitCode> {
+    let conn = db::connect(&settings.database).await?;
+    match action {
+        MigrateAction::Up => {
+            Migrator::up(&conn, None).await?;
+            println!("migrations applied");
+        }
+        MigrateAction::Down => {
+            Migrator::down(&conn, Some(1)).await?;
+            println!("rolled back the last migration");
+        }
+        MigrateAction::Status => {
+            let (applied, pending) = db::migration_status(&conn).await?;
+            for name in applied {
+                println!("applied  {name}");
+            }
+            for name in pending {
+                println!("pending  {name}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn schedule(
+    settings: Settings,
+    order_id: &str,
+    kind: &str,
+    delay: &str,
+) -> anyhow::Result<ExitCode> {
+    let order_id: OrderId = order_id
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--order-id: {e}"))?;
+    let kind: TimeoutKind = kind
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--kind: {e}"))?;
+    let delay: Duration = parse_window("--in", delay)?;
+    let names = Names::new(&settings.amqp.prefix);
+    let conn = amqp::connect(&settings.amqp, "schedule").await?;
+    let channel = conn.create_channel().await?;
+    channel.confirm_select(Default::default()).await?;
+    let now = Millis::now();
+    let message = wire::TimeoutMessage {
+        order_id,
+        kind,
+        due_at: Some(now.plus(delay)),
+    };
+    let message_id = format!("{order_id}:{kind}:cli:{}", uuid::Uuid::new_v4().simple());
+    let properties = wire::properties(&message_id, now, delay.as_millis() as u64, &[]);
+    let published = amqp::publish_confirmed(
+        &channel,
+        names.entry(),
+        kind.as_str(),
+        &wire::encode(&message),
+        properties,
+    )
+    .await;
+    let _ = conn.close(200, "done".into()).await;
+    published.map_err(|e| {
+        anyhow::anyhow!(
+            "{e} (does exchange '{}' exist? `order-timeout serve` declares it)",
+            names.entry()
+        )
+    })?;
+    println!(
+        "scheduled {kind} timeout for order {order_id}, due {}",
+        now.plus(delay).to_rfc3339()
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,128 @@
+//! SeaORM entities, one module per table (see the migration for the schema).
+
+/// `inventory`: stock per SKU. `available + reserved + sold` changes only by restocking.
+pub mod inventory {
+    use sea_orm::entity::prelude::*;
+
+    /// One SKU's stock.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "inventory")]
+    pub struct Model {
+        /// Stock-keeping unit, the shop's product code.
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub sku: String,
+        /// On sale now.
+        pub available: i64,
+        /// Held by unpaid orders.
+        pub reserved: i64,
+        /// Paid for.
+        pub sold: i64,
+        /// Last change.
+        pub updated_at_ms: i64,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+/// `orders`: one row per order, with every deadline and timestamp of its life.
+pub mod orders {
+    use sea_orm::entity::prelude::*;
+
+    /// One order.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "orders")]
+    pub struct Model {
+        /// Database-assigned id.
+        #[sea_orm(primary_key)]
+        pub id: i64,
+        /// `pending_payment`, `paid`, `shipped`, `completed` or `cancelled`.
+        pub status: String,
+        /// End of the payment window.
+        pub pay_deadline_ms: i64,
+        /// End of the fulfillment window, once paid.
+        pub ship_deadline_ms: Option<i64>,
+        /// End of the receipt window, once shipped.
+        pub confirm_deadline_ms: Option<i64>,
+        /// Checkout time.
+        pub created_at_ms: i64,
+        /// Payment time.
+        pub paid_at_ms: Option<i64>,
+        /// Shipping time.
+        pub shipped_at_ms: Option<i64>,
+        /// Completion time.
+        pub completed_at_ms: Option<i64>,
+        /// Cancellation time.
+        pub cancelled_at_ms: Option<i64>,
+        /// When the fulfillment timeout flagged it as not shipped in time.
+        pub fulfillment_overdue_at_ms: Option<i64>,
+        /// Incremented by every transition.
+        pub version: i32,
+        /// Last change.
+        pub updated_at_ms: i64,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+/// `order_items`: what an order holds.
+pub mod order_items {
+    use sea_orm::entity::prelude::*;
+
+    /// One line of an order.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "order_items")]
+    pub struct Model {
+        /// The order.
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub order_id: i64,
+        /// The SKU.
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub sku: String,
+        /// How many.
+        pub quantity: i64,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+/// `outbox`: timeouts to publish, written in the transaction that creates the need.
+pub mod outbox {
+    use sea_orm::entity::prelude::*;
+
+    /// One timeout waiting to be published.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "outbox")]
+    pub struct Model {
+        /// Database-assigned id; part of the message id, so a re-publish is recognisable.
+        #[sea_orm(primary_key)]
+        pub id: i64,
+        /// The order.
+        pub order_id: i64,
+        /// `payment`, `fulfillment` or `receipt`.
+        pub kind: String,
+        /// The deadline the message is for.
+        pub due_at_ms: i64,
+        /// When the row was written.
+        pub created_at_ms: i64,
+        /// Publish attempts that did not get a broker ack.
+        pub attempts: i32,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

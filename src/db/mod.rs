@@ -1,0 +1,78 @@
+//! The database: connecting (with the right settings per backend), migrating,
+//! and the transactions in [`store`].
+
+pub mod entities;
+pub mod store;
+
+use std::time::Duration;
+
+use migrations::{Migrator, MigratorTrait};
+use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbBackend, DbErr};
+
+use crate::settings::DatabaseSettings;
+
+/// Connects to the configured database.
+///
+/// SQLite gets WAL (readers never block the writer), `synchronous = NORMAL`
+/// (durable at every checkpoint, safe with WAL), foreign keys, a busy timeout,
+/// and a single pooled connection: SQLite has one writer anyway, and one
+/// connection means no `database is locked` between our own transactions.
+pub async fn connect(settings: &DatabaseSettings) -> Result<DatabaseConnection, DbErr> {
+    let url = settings.url.expose();
+    let mut options = ConnectOptions::new(url.to_string());
+    options
+        .sqlx_logging(false)
+        .connect_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(10));
+    if url.starts_with("sqlite:") {
+        options
+            .max_connections(1)
+            .min_connections(1)
+            .map_sqlx_sqlite_opts(|o| {
+                o.journal_mode(sea_orm::sqlx::sqlite::SqliteJournalMode::Wal)
+                    .synchronous(sea_orm::sqlx::sqlite::SqliteSynchronous::Normal)
+                    .foreign_keys(true)
+                    .busy_timeout(Duration::from_secs(10))
+            });
+    } else {
+        options.max_connections(settings.max_connections);
+    }
+    Database::connect(options).await
+}
+
+/// Applies pending migrations.
+pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
+    Migrator::up(db, None).await
+}
+
+/// `(applied, pending)` migration names.
+pub async fn migration_status(
+    db: &DatabaseConnection,
+) -> Result<(Vec<String>, Vec<String>), DbErr> {
+    let applied: Vec<String> = Migrator::get_applied_migrations(db)
+        .await?
+        .iter()
+        .map(|m| m.name().to_string())
+        .collect();
+    let pending: Vec<String> = Migrator::get_pending_migrations(db)
+        .await?
+        .iter()
+        .map(|m| m.name().to_string())
+        .collect();
+    Ok((applied, pending))
+}
+
+/// Cheap round trip, for `/readyz` and `doctor`.
+pub async fn ping(db: &DatabaseConnection) -> Result<(), DbErr> {
+    db.ping().await
+}
+
+/// The backend's name for logs.
+pub fn backend_name(db: &DatabaseConnection) -> &'static str {
+    match db.get_database_backend() {
+        DbBackend::Postgres => "postgres",
+        DbBackend::Sqlite => "sqlite",
+        DbBackend::MySql => "mysql",
+        _ => "unknown",
+    }
+}

@@ -1,0 +1,671 @@
+//! Every state change of the service, each one transaction.
+//!
+//! A transition is one conditional `UPDATE … WHERE id … AND status = … AND
+//! deadline <= now`; its row count (or `RETURNING` list) says who won, so a
+//! payment and a timeout racing for the same order cannot both succeed, and a
+//! redelivered timeout changes nothing. Stock moves only in the transaction of
+//! the transition that won, so it is released at most once. Nothing here reads a
+//! row and then writes what it read.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use sea_orm::sea_query::{Expr, ExprTrait, OnConflict};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
+    EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set, TransactionTrait,
+};
+use serde::Serialize;
+
+use super::entities::{inventory, order_items, orders, outbox};
+use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
+
+/// One line of a new order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewItem {
+    /// The SKU.
+    pub sku: String,
+    /// How many; positive.
+    pub quantity: i64,
+}
+
+/// One line of an order, as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ItemView {
+    /// The SKU.
+    pub sku: String,
+    /// How many.
+    pub quantity: i64,
+}
+
+/// An order as the API shows it. Later deadlines and timestamps appear once they exist.
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderView {
+    /// The id, as a string.
+    pub id: OrderId,
+    /// Current status.
+    pub status: OrderStatus,
+    /// What was ordered.
+    pub items: Vec<ItemView>,
+    /// End of the payment window.
+    pub pay_deadline: Millis,
+    /// Checkout time.
+    pub created_at: Millis,
+    /// Last change.
+    pub updated_at: Millis,
+    /// Incremented by every transition.
+    pub version: i32,
+    /// Payment time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paid_at: Option<Millis>,
+    /// End of the fulfillment window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ship_deadline: Option<Millis>,
+    /// When the fulfillment timeout found it unshipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fulfillment_overdue_at: Option<Millis>,
+    /// Shipping time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shipped_at: Option<Millis>,
+    /// End of the receipt window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirm_deadline: Option<Millis>,
+    /// Completion time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Millis>,
+    /// Cancellation time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancelled_at: Option<Millis>,
+}
+
+/// Stock of one SKU, as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct StockView {
+    /// The SKU.
+    pub sku: String,
+    /// On sale.
+    pub available: i64,
+    /// Held by unpaid orders.
+    pub reserved: i64,
+    /// Paid for.
+    pub sold: i64,
+}
+
+/// Why a checkout did not happen. Nothing was reserved in any of these cases.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    /// No inventory row for this SKU.
+    #[error("unknown sku '{0}'")]
+    UnknownSku(String),
+    /// Not enough on sale.
+    #[error("insufficient stock for sku '{sku}': {requested} requested, {available} available")]
+    InsufficientStock {
+        /// The SKU.
+        sku: String,
+        /// What the order asked for.
+        requested: i64,
+        /// What is on sale.
+        available: i64,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbErr),
+}
+
+/// Why a requested transition did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError {
+    /// No such order.
+    #[error("order {0} not found")]
+    NotFound(OrderId),
+    /// The order is not in a state that allows it; carries the current order.
+    #[error("order {} is {}: {reason}", .order.id, .order.status)]
+    Conflict {
+        /// The order as it is now.
+        order: Box<OrderView>,
+        /// Why, for the error message.
+        reason: String,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbErr),
+}
+
+/// What a timeout (or the sweeper) found for one order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiryOutcome {
+    /// The transition was applied now; the deadline it was for.
+    Applied {
+        /// The deadline that passed.
+        deadline: Millis,
+    },
+    /// The order is in the right status but its deadline is still ahead.
+    NotDue {
+        /// The deadline in the database.
+        deadline: Millis,
+    },
+    /// Nothing to do: the order moved on (paid, cancelled, shipped, already flagged…).
+    Inapplicable {
+        /// The order's status now.
+        status: OrderStatus,
+    },
+    /// No order has this id.
+    NotFound,
+}
+
+fn deadline_column(kind: TimeoutKind) -> orders::Column {
+    match kind {
+        TimeoutKind::Payment => orders::Column::PayDeadlineMs,
+        TimeoutKind::Fulfillment => orders::Column::ShipDeadlineMs,
+        TimeoutKind::Receipt => orders::Column::ConfirmDeadlineMs,
+    }
+}
+
+fn deadline_of(kind: TimeoutKind, order: &orders::Model) -> Option<Millis> {
+    match kind {
+        TimeoutKind::Payment => Some(order.pay_deadline_ms),
+        TimeoutKind::Fulfillment => order.ship_deadline_ms,
+        TimeoutKind::Receipt => order.confirm_deadline_ms,
+    }
+    .map(Millis)
+}
+
+fn parse_status(raw: &str) -> Result<OrderStatus, DbErr> {
+    raw.parse()
+        .map_err(|e: String| DbErr::Custom(format!("corrupt order row: {e}")))
+}
+
+/// Sets or replaces the available stock of a SKU (restocking); `reserved` and
+/// `sold` are kept.
+pub async fn put_stock(
+    db: &DatabaseConnection,
+    sku: &str,
+    available: i64,
+    now: Millis,
+) -> Result<StockView, DbErr> {
+    let row = inventory::ActiveModel {
+        sku: Set(sku.to_string()),
+        available: Set(available),
+        reserved: Set(0),
+        sold: Set(0),
+        updated_at_ms: Set(now.0),
+    };
+    inventory::Entity::insert(row)
+        .on_conflict(
+            OnConflict::column(inventory::Column::Sku)
+                .update_columns([inventory::Column::Available, inventory::Column::UpdatedAtMs])
+                .to_owned(),
+        )
+        .exec_without_returning(db)
+        .await?;
+    get_stock(db, sku)
+        .await?
+        .ok_or_else(|| DbErr::Custom(format!("sku '{sku}' vanished after upsert")))
+}
+
+/// One SKU's stock.
+pub async fn get_stock<C: ConnectionTrait>(db: &C, sku: &str) -> Result<Option<StockView>, DbErr> {
+    Ok(inventory::Entity::find_by_id(sku.to_string())
+        .one(db)
+        .await?
+        .map(|m| StockView {
+            sku: m.sku,
+            available: m.available,
+            reserved: m.reserved,
+            sold: m.sold,
+        }))
+}
+
+/// Creates an order: reserves stock, writes the order `pending_payment`, its
+/// items, and the outbox row of its payment timeout, in one transaction. Short
+/// stock on any line rolls everything back.
+pub async fn checkout(
+    db: &DatabaseConnection,
+    items: &[NewItem],
+    window: Duration,
+    now: Millis,
+) -> Result<OrderView, CheckoutError> {
+    let mut items = items.to_vec();
+    // A fixed order of row locks: two checkouts of the same SKUs cannot deadlock.
+    items.sort_by(|a, b| a.sku.cmp(&b.sku));
+    let txn = db.begin().await?;
+    for item in &items {
+        let reserved = inventory::Entity::update_many()
+            .col_expr(
+                inventory::Column::Available,
+                Expr::col(inventory::Column::Available).sub(item.quantity),
+            )
+            .col_expr(
+                inventory::Column::Reserved,
+                Expr::col(inventory::Column::Reserved).add(item.quantity),
+            )
+            .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
+            .filter(inventory::Column::Sku.eq(item.sku.as_str()))
+            .filter(inventory::Column::Available.gte(item.quantity))
+            .exec(&txn)
+            .await?;
+        if reserved.rows_affected == 0 {
+            // The update said no; this read only words the answer.
+            let error = match get_stock(&txn, &item.sku).await? {
+                None => CheckoutError::UnknownSku(item.sku.clone()),
+                Some(stock) => CheckoutError::InsufficientStock {
+                    sku: item.sku.clone(),
+                    requested: item.quantity,
+                    available: stock.available,
+                },
+            };
+            txn.rollback().await?;
+            return Err(error);
+        }
+    }
+    let deadline = now.plus(window);
+    let order = orders::ActiveModel {
+        status: Set(OrderStatus::PendingPayment.as_str().to_string()),
+        pay_deadline_ms: Set(deadline.0),
+        ship_deadline_ms: Set(None),
+        confirm_deadline_ms: Set(None),
+        created_at_ms: Set(now.0),
+        paid_at_ms: Set(None),
+        shipped_at_ms: Set(None),
+        completed_at_ms: Set(None),
+        cancelled_at_ms: Set(None),
+        fulfillment_overdue_at_ms: Set(None),
+        version: Set(0),
+        updated_at_ms: Set(now.0),
+        ..Default::default()
+    }
+    .insert(&txn)
+    .await?;
+    order_items::Entity::insert_many(items.iter().map(|i| order_items::ActiveModel {
+        order_id: Set(order.id),
+        sku: Set(i.sku.clone()),
+        quantity: Set(i.quantity),
+    }))
+    .exec_without_returning(&txn)
+    .await?;
+    enqueue(
+        &txn,
+        OrderId::new(order.id),
+        TimeoutKind::Payment,
+        deadline,
+        now,
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(view(
+        order,
+        items
+            .into_iter()
+            .map(|i| ItemView {
+                sku: i.sku,
+                quantity: i.quantity,
+            })
+            .collect(),
+    ))
+}
+
+/// Writes an outbox row: the relay publishes it after the transaction commits.
+async fn enqueue(
+    txn: &DatabaseTransaction,
+    order: OrderId,
+    kind: TimeoutKind,
+    due: Millis,
+    now: Millis,
+) -> Result<(), DbErr> {
+    outbox::Entity::insert(outbox::ActiveModel {
+        order_id: Set(order.get()),
+        kind: Set(kind.as_str().to_string()),
+        due_at_ms: Set(due.0),
+        created_at_ms: Set(now.0),
+        attempts: Set(0),
+        ..Default::default()
+    })
+    .exec_without_returning(txn)
+    .await?;
+    Ok(())
+}
+
+/// Pays an order that is `pending_payment` and still inside its window: its
+/// reserved stock becomes sold, its fulfillment deadline starts, and the
+/// fulfillment timeout is queued. A payment after the deadline loses to the
+/// timeout: the order is cancelled here, in the same way the timeout would do
+/// it, and the answer is a conflict saying so.
+pub async fn pay(
+    db: &DatabaseConnection,
+    id: OrderId,
+    fulfillment: Duration,
+    now: Millis,
+) -> Result<OrderView, TransitionError> {
+    let txn = db.begin().await?;
+    let ship_deadline = now.plus(fulfillment);
+    let paid = orders::Entity::update_many()
+        .col_expr(
+            orders::Column::Status,
+            Expr::value(OrderStatus::Paid.as_str()),
+        )
+        .col_expr(orders::Column::PaidAtMs, Expr::value(now.0))
+        .col_expr(orders::Column::ShipDeadlineMs, Expr::value(ship_deadline.0))
+        .col_expr(
+            orders::Column::Version,
+            Expr::col(orders::Column::Version).add(1),
+        )
+        .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
+        .filter(orders::Column::Id.eq(id.get()))
+        .filter(orders::Column::Status.eq(OrderStatus::PendingPayment.as_str()))
+        .filter(orders::Column::PayDeadlineMs.gt(now.0))
+        .exec(&txn)
+        .await?;
+    if paid.rows_affected == 1 {
+        for (sku, quantity) in quantities(&txn, &[id]).await? {
+            inventory::Entity::update_many()
+                .col_expr(
+                    inventory::Column::Reserved,
+                    Expr::col(inventory::Column::Reserved).sub(quantity),
+                )
+                .col_expr(
+                    inventory::Column::Sold,
+                    Expr::col(inventory::Column::Sold).add(quantity),
+                )
+                .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
+                .filter(inventory::Column::Sku.eq(sku))
+                .exec(&txn)
+                .await?;
+        }
+        enqueue(&txn, id, TimeoutKind::Fulfillment, ship_deadline, now).await?;
+        let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
+        txn.commit().await?;
+        return Ok(order);
+    }
+    // Lost: either the window already closed (apply the timeout now) or the order
+    // is past paying. The expiry is itself conditional, so it is safe against a
+    // consumer doing the same at the same moment.
+    let expired = apply_expiry(&txn, TimeoutKind::Payment, &[id], now).await?;
+    let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
+    txn.commit().await?;
+    let reason = if !expired.is_empty() || order.status == OrderStatus::Cancelled {
+        format!(
+            "the payment window closed at {}; a refund is due if money was taken",
+            order.pay_deadline.to_rfc3339()
+        )
+    } else {
+        "only a pending_payment order can be paid".to_string()
+    };
+    Err(TransitionError::Conflict {
+        order: Box::new(order),
+        reason,
+    })
+}
+
+/// Applies the timeout of `kind` to each order whose deadline has passed by
+/// `now`, in one transaction, and says for every id what it found.
+pub async fn expire(
+    db: &DatabaseConnection,
+    kind: TimeoutKind,
+    ids: &[OrderId],
+    now: Millis,
+) -> Result<HashMap<OrderId, ExpiryOutcome>, DbErr> {
+    let txn = db.begin().await?;
+    let applied = apply_expiry(&txn, kind, ids, now).await?;
+    let mut outcomes: HashMap<OrderId, ExpiryOutcome> = applied
+        .into_iter()
+        .map(|(id, deadline)| (id, ExpiryOutcome::Applied { deadline }))
+        .collect();
+    let rest: Vec<i64> = ids
+        .iter()
+        .filter(|id| !outcomes.contains_key(id))
+        .map(|id| id.get())
+        .collect();
+    if !rest.is_empty() {
+        // Read after the conditional update only to say why it did not apply.
+        let found = orders::Entity::find()
+            .filter(orders::Column::Id.is_in(rest))
+            .all(&txn)
+            .await?;
+        for order in found {
+            let status = parse_status(&order.status)?;
+            let outcome = match deadline_of(kind, &order) {
+                Some(deadline)
+                    if status == kind.acts_on() && deadline > now && not_flagged(kind, &order) =>
+                {
+                    ExpiryOutcome::NotDue { deadline }
+                }
+                _ => ExpiryOutcome::Inapplicable { status },
+            };
+            outcomes.insert(OrderId::new(order.id), outcome);
+        }
+    }
+    txn.commit().await?;
+    for id in ids {
+        outcomes.entry(*id).or_insert(ExpiryOutcome::NotFound);
+    }
+    Ok(outcomes)
+}
+
+fn not_flagged(kind: TimeoutKind, order: &orders::Model) -> bool {
+    kind != TimeoutKind::Fulfillment || order.fulfillment_overdue_at_ms.is_none()
+}
+
+/// The conditional update of a timeout, plus its side effects (stock release for
+/// a payment timeout). Returns the ids it changed with their deadlines.
+async fn apply_expiry(
+    txn: &DatabaseTransaction,
+    kind: TimeoutKind,
+    ids: &[OrderId],
+    now: Millis,
+) -> Result<Vec<(OrderId, Millis)>, DbErr> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let deadline = deadline_column(kind);
+    let mut update = orders::Entity::update_many()
+        .col_expr(
+            orders::Column::Version,
+            Expr::col(orders::Column::Version).add(1),
+        )
+        .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
+        .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
+        .filter(deadline.lte(now.0));
+    update = match kind {
+        TimeoutKind::Payment => update
+            .col_expr(
+                orders::Column::Status,
+                Expr::value(OrderStatus::Cancelled.as_str()),
+            )
+            .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
+        TimeoutKind::Fulfillment => update
+            // Flagged, not cancelled: the goods are paid for; people must act.
+            .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
+            .filter(orders::Column::FulfillmentOverdueAtMs.is_null()),
+        TimeoutKind::Receipt => update
+            .col_expr(
+                orders::Column::Status,
+                Expr::value(OrderStatus::Completed.as_str()),
+            )
+            .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
+    };
+    let mut applied = Vec::new();
+    if txn.support_returning() {
+        let raw: Vec<i64> = ids.iter().map(|i| i.get()).collect();
+        for order in update
+            .filter(orders::Column::Id.is_in(raw))
+            .exec_with_returning(txn)
+            .await?
+        {
+            if let Some(d) = deadline_of(kind, &order) {
+                applied.push((OrderId::new(order.id), d));
+            }
+        }
+    } else {
+        // MariaDB/MySQL have no UPDATE … RETURNING: one conditional update per id,
+        // each still deciding by its own row count.
+        let unique: HashSet<OrderId> = ids.iter().copied().collect();
+        for id in unique {
+            let result = update
+                .clone()
+                .filter(orders::Column::Id.eq(id.get()))
+                .exec(txn)
+                .await?;
+            if result.rows_affected == 1
+                && let Some(order) = orders::Entity::find_by_id(id.get()).one(txn).await?
+                && let Some(d) = deadline_of(kind, &order)
+            {
+                applied.push((id, d));
+            }
+        }
+    }
+    if kind == TimeoutKind::Payment && !applied.is_empty() {
+        let changed: Vec<OrderId> = applied.iter().map(|(id, _)| *id).collect();
+        for (sku, quantity) in quantities(txn, &changed).await? {
+            inventory::Entity::update_many()
+                .col_expr(
+                    inventory::Column::Available,
+                    Expr::col(inventory::Column::Available).add(quantity),
+                )
+                .col_expr(
+                    inventory::Column::Reserved,
+                    Expr::col(inventory::Column::Reserved).sub(quantity),
+                )
+                .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
+                .filter(inventory::Column::Sku.eq(sku))
+                .exec(txn)
+                .await?;
+        }
+    }
+    Ok(applied)
+}
+
+/// Quantities per SKU over some orders, in SKU order (the lock order of every
+/// stock update, so concurrent transactions cannot deadlock on inventory rows).
+async fn quantities(
+    txn: &DatabaseTransaction,
+    ids: &[OrderId],
+) -> Result<BTreeMap<String, i64>, DbErr> {
+    let raw: Vec<i64> = ids.iter().map(|i| i.get()).collect();
+    let rows = order_items::Entity::find()
+        .filter(order_items::Column::OrderId.is_in(raw))
+        .all(txn)
+        .await?;
+    let mut per_sku = BTreeMap::new();
+    for row in rows {
+        *per_sku.entry(row.sku).or_insert(0) += row.quantity;
+    }
+    Ok(per_sku)
+}
+
+/// Ids of orders in the status `kind` acts on whose deadline is before `before`,
+/// oldest deadline first (for the sweeper).
+pub async fn overdue(
+    db: &DatabaseConnection,
+    kind: TimeoutKind,
+    before: Millis,
+    limit: u64,
+) -> Result<Vec<OrderId>, DbErr> {
+    let deadline = deadline_column(kind);
+    let mut query = orders::Entity::find()
+        .select_only()
+        .column(orders::Column::Id)
+        .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
+        .filter(deadline.lt(before.0));
+    if kind == TimeoutKind::Fulfillment {
+        query = query.filter(orders::Column::FulfillmentOverdueAtMs.is_null());
+    }
+    let ids: Vec<i64> = query
+        .order_by_asc(deadline)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(ids.into_iter().map(OrderId::new).collect())
+}
+
+/// One order with its items.
+pub async fn get_order(db: &DatabaseConnection, id: OrderId) -> Result<Option<OrderView>, DbErr> {
+    load(db, id).await
+}
+
+async fn load<C: ConnectionTrait>(db: &C, id: OrderId) -> Result<Option<OrderView>, DbErr> {
+    let Some(order) = orders::Entity::find_by_id(id.get()).one(db).await? else {
+        return Ok(None);
+    };
+    let items = order_items::Entity::find()
+        .filter(order_items::Column::OrderId.eq(id.get()))
+        .order_by_asc(order_items::Column::Sku)
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|i| ItemView {
+            sku: i.sku,
+            quantity: i.quantity,
+        })
+        .collect();
+    Ok(Some(view(order, items)))
+}
+
+fn view(o: orders::Model, items: Vec<ItemView>) -> OrderView {
+    OrderView {
+        id: OrderId::new(o.id),
+        // Rows are only written by this module, with valid statuses.
+        status: o.status.parse().unwrap_or(OrderStatus::PendingPayment),
+        items,
+        pay_deadline: Millis(o.pay_deadline_ms),
+        created_at: Millis(o.created_at_ms),
+        updated_at: Millis(o.updated_at_ms),
+        version: o.version,
+        paid_at: o.paid_at_ms.map(Millis),
+        ship_deadline: o.ship_deadline_ms.map(Millis),
+        fulfillment_overdue_at: o.fulfillment_overdue_at_ms.map(Millis),
+        shipped_at: o.shipped_at_ms.map(Millis),
+        confirm_deadline: o.confirm_deadline_ms.map(Millis),
+        completed_at: o.completed_at_ms.map(Millis),
+        cancelled_at: o.cancelled_at_ms.map(Millis),
+    }
+}
+
+/// Outbox rows to publish, oldest first.
+pub async fn outbox_pending(
+    db: &DatabaseConnection,
+    limit: u64,
+) -> Result<Vec<outbox::Model>, DbErr> {
+    outbox::Entity::find()
+        .order_by_asc(outbox::Column::Id)
+        .limit(limit)
+        .all(db)
+        .await
+}
+
+/// Removes rows the broker confirmed.
+pub async fn outbox_delete(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
+    if !ids.is_empty() {
+        outbox::Entity::delete_many()
+            .filter(outbox::Column::Id.is_in(ids.to_vec()))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Counts a failed publish attempt on rows the broker did not confirm.
+pub async fn outbox_failed(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
+    if !ids.is_empty() {
+        outbox::Entity::update_many()
+            .col_expr(
+                outbox::Column::Attempts,
+                Expr::col(outbox::Column::Attempts).add(1),
+            )
+            .filter(outbox::Column::Id.is_in(ids.to_vec()))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Rows waiting and the creation time of the oldest, for metrics.
+pub async fn outbox_backlog(db: &DatabaseConnection) -> Result<(u64, Option<Millis>), DbErr> {
+    let count = outbox::Entity::find().count(db).await?;
+    let oldest = outbox::Entity::find()
+        .order_by_asc(outbox::Column::Id)
+        .one(db)
+        .await?
+        .map(|r| Millis(r.created_at_ms));
+    Ok((count, oldest))
+}

@@ -1,0 +1,241 @@
+//! `order-timeout doctor`: a readable report on the settings (each with its
+//! source, secrets redacted), the database, the broker, the plugin, the delay
+//! mode `auto` would choose, and the topology. Exits non-zero on any problem.
+
+use std::process::ExitCode;
+
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ExchangeKind};
+
+use crate::amqp::topology::{LEVELS, Mode, Names, probe_plugin};
+use crate::amqp::{self};
+use crate::db;
+use crate::domain::TimeoutKind;
+use crate::settings::{DelayMode, Settings};
+
+struct Report {
+    problems: usize,
+}
+
+impl Report {
+    fn ok(&self, what: &str, detail: impl std::fmt::Display) {
+        println!("  ok    {what}: {detail}");
+    }
+    fn fail(&mut self, what: &str, detail: impl std::fmt::Display) {
+        self.problems += 1;
+        println!("  FAIL  {what}: {detail}");
+    }
+    fn note(&self, what: &str, detail: impl std::fmt::Display) {
+        println!("  note  {what}: {detail}");
+    }
+}
+
+/// Runs every check and prints the report.
+pub async fn run(settings: &Settings) -> ExitCode {
+    let mut report = Report { problems: 0 };
+    println!("settings");
+    for (key, value, source) in settings.describe() {
+        println!("  {key:<28} {value:<40} ({source})");
+    }
+
+    println!("database");
+    match db::connect(&settings.database).await {
+        Ok(conn) => {
+            report.ok(
+                "reachable",
+                format!(
+                    "{} ({})",
+                    settings.database.url.redacted(),
+                    db::backend_name(&conn)
+                ),
+            );
+            match db::migration_status(&conn).await {
+                Ok((applied, pending)) if pending.is_empty() => report.ok(
+                    "migrations",
+                    format!("{} applied, none pending", applied.len()),
+                ),
+                Ok((_, pending)) => report.fail(
+                    "migrations",
+                    format!(
+                        "{} pending ({}); run `order-timeout migrate`",
+                        pending.len(),
+                        pending.join(", ")
+                    ),
+                ),
+                Err(e) => report.fail("migrations", e),
+            }
+        }
+        Err(e) => report.fail(
+            "reachable",
+            format!("{}: {e}", settings.database.url.redacted()),
+        ),
+    }
+
+    println!("broker");
+    let names = Names::new(&settings.amqp.prefix);
+    match amqp::connect(&settings.amqp, "doctor").await {
+        Err(e) => report.fail(
+            "reachable",
+            format!("{}: {e}", settings.amqp.url.redacted()),
+        ),
+        Ok(conn) => {
+            report.ok("reachable", settings.amqp.url.redacted());
+            let _ = conn.close(200, "doctor".into()).await;
+            // The probe gets its own connection: a missing exchange type closes it.
+            let plugin = match amqp::connect(&settings.amqp, "doctor-probe").await {
+                Ok(probe_conn) => {
+                    let found = probe_plugin(&probe_conn, &names).await;
+                    let _ = probe_conn.close(200, "probe".into()).await;
+                    found
+                }
+                Err(e) => Err(e),
+            };
+            let mode = match plugin {
+                Ok(true) => {
+                    report.ok("plugin", "x-delayed-message exchange type available");
+                    Some(Mode::Plugin)
+                }
+                Ok(false) => {
+                    report.note("plugin", "x-delayed-message not available (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)");
+                    Some(Mode::Ttl)
+                }
+                Err(e) => {
+                    report.fail("plugin", format!("probe failed: {e}"));
+                    None
+                }
+            };
+            let effective = match (settings.amqp.delay_mode, mode) {
+                (DelayMode::Ttl, _) => Some((Mode::Ttl, "amqp.delay_mode = ttl".to_string())),
+                (DelayMode::Plugin, Some(Mode::Plugin)) => {
+                    Some((Mode::Plugin, "amqp.delay_mode = plugin".into()))
+                }
+                (DelayMode::Plugin, _) => {
+                    report.fail(
+                        "delay mode",
+                        "amqp.delay_mode = plugin but the broker has no x-delayed-message type",
+                    );
+                    None
+                }
+                (DelayMode::Auto, Some(m)) => Some((
+                    m,
+                    format!(
+                        "auto chose {} (plugin {})",
+                        m.as_str(),
+                        if m == Mode::Plugin {
+                            "present"
+                        } else {
+                            "absent"
+                        }
+                    ),
+                )),
+                (DelayMode::Auto, None) => None,
+            };
+            if let Some((mode, why)) = effective {
+                report.ok("delay mode", format!("{} — {why}", mode.as_str()));
+                check_topology(&mut report, settings, &names, mode).await;
+            }
+        }
+    }
+
+    if report.problems == 0 {
+        println!("all checks passed");
+        ExitCode::SUCCESS
+    } else {
+        println!("{} problem(s) found", report.problems);
+        ExitCode::FAILURE
+    }
+}
+
+async fn check_topology(report: &mut Report, settings: &Settings, names: &Names, mode: Mode) {
+    let conn = match amqp::connect(&settings.amqp, "doctor-topology").await {
+        Ok(c) => c,
+        Err(e) => return report.fail("topology", e),
+    };
+    let mut exchanges = vec![names.entry().to_string(), names.due(), names.parked()];
+    let mut queues = vec![names.ingest(), names.parked()];
+    queues.extend(TimeoutKind::ALL.map(|k| names.work(k)));
+    if mode == Mode::Ttl {
+        exchanges.extend((0..=LEVELS).map(|l| names.out(l)));
+        queues.extend((0..LEVELS).map(|l| names.level(l)));
+    }
+    let mut missing = Vec::new();
+    let mut backlog = Vec::new();
+    for x in &exchanges {
+        if !exists(&conn, x, None).await {
+            missing.push(format!("exchange {x}"));
+        }
+    }
+    for q in &queues {
+        let mut count = None;
+        if !exists(&conn, q, Some(&mut count)).await {
+            missing.push(format!("queue {q}"));
+        } else if let Some(n) = count.filter(|n| *n > 0) {
+            backlog.push(format!("{q}={n}"));
+        }
+    }
+    let _ = conn.close(200, "doctor".into()).await;
+    if missing.is_empty() {
+        report.ok(
+            "topology",
+            format!(
+                "{} exchanges and {} queues declared",
+                exchanges.len(),
+                queues.len()
+            ),
+        );
+    } else {
+        report.fail(
+            "topology",
+            format!(
+                "missing {} (start `order-timeout serve` once to declare them): {}",
+                missing.len(),
+                missing.join(", ")
+            ),
+        );
+    }
+    if !backlog.is_empty() {
+        report.note("messages waiting", backlog.join(", "));
+    }
+}
+
+/// Passive declare: checks existence without creating anything. A missing name
+/// closes the channel (404), so each check gets a fresh one.
+async fn exists(conn: &Connection, name: &str, count: Option<&mut Option<u32>>) -> bool {
+    let Ok(channel): Result<Channel, _> = conn.create_channel().await else {
+        return false;
+    };
+    let found = match count {
+        None => channel
+            .exchange_declare(
+                name.into(),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .is_ok(),
+        Some(count) => match channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+        {
+            Ok(q) => {
+                *count = Some(q.message_count());
+                true
+            }
+            Err(_) => false,
+        },
+    };
+    let _ = channel.close(200, "checked".into()).await;
+    found
+}

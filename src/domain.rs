@@ -1,0 +1,299 @@
+//! Domain types: order ids, statuses and their transitions, timeout kinds, and
+//! the millisecond timestamps the database stores.
+//!
+//! Timestamps are kept as integer milliseconds since the Unix epoch in every
+//! database: comparisons (`deadline <= now`) then mean the same thing on SQLite,
+//! PostgreSQL and MariaDB, with no time-zone or text-format surprises. The API
+//! shows them as RFC 3339.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Serialize, Serializer};
+
+/// An order's id: a positive 64-bit integer, always written as a string in JSON
+/// (numbers above 2^53 do not survive JSON numbers in other languages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OrderId(i64);
+
+impl OrderId {
+    /// Wraps a database id.
+    pub fn new(id: i64) -> Self {
+        Self(id)
+    }
+    /// The database value.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for OrderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl FromStr for OrderId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.parse::<i64>() {
+            Ok(n) if n > 0 && !s.starts_with('+') => Ok(Self(n)),
+            _ => Err(format!(
+                "'{}' is not an order id (a positive integer, as a string)",
+                truncate(s, 64)
+            )),
+        }
+    }
+}
+
+impl Serialize for OrderId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Where an order is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OrderStatus {
+    /// Created, stock reserved, waiting for payment until `pay_deadline`.
+    PendingPayment,
+    /// Paid; stock sold; must ship by `ship_deadline`.
+    Paid,
+    /// Shipped; completes on confirmation or at `confirm_deadline`.
+    Shipped,
+    /// Done.
+    Completed,
+    /// Cancelled (by the buyer or the payment timeout); stock released.
+    Cancelled,
+}
+
+impl OrderStatus {
+    /// Every status, for parsing and tests.
+    pub const ALL: [OrderStatus; 5] = [
+        Self::PendingPayment,
+        Self::Paid,
+        Self::Shipped,
+        Self::Completed,
+        Self::Cancelled,
+    ];
+
+    /// The database and API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PendingPayment => "pending_payment",
+            Self::Paid => "paid",
+            Self::Shipped => "shipped",
+            Self::Completed => "completed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the state diagram has an edge from `self` to `to`.
+    pub fn can_become(self, to: OrderStatus) -> bool {
+        use OrderStatus::*;
+        matches!(
+            (self, to),
+            (PendingPayment, Paid)
+                | (PendingPayment, Cancelled)
+                | (Paid, Shipped)
+                | (Shipped, Completed)
+        )
+    }
+}
+
+impl fmt::Display for OrderStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OrderStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown order status '{s}'"))
+    }
+}
+
+impl Serialize for OrderStatus {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// The three deadlines in an order's life; also the routing key of its timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TimeoutKind {
+    /// The payment window ended: cancel an unpaid order and release its stock.
+    Payment,
+    /// The fulfillment window ended: flag a paid order that was not shipped.
+    Fulfillment,
+    /// The receipt window ended: complete a shipped order the buyer never confirmed.
+    Receipt,
+}
+
+impl TimeoutKind {
+    /// Every kind.
+    pub const ALL: [TimeoutKind; 3] = [Self::Payment, Self::Fulfillment, Self::Receipt];
+
+    /// The wire spelling (routing key and body `kind`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Payment => "payment",
+            Self::Fulfillment => "fulfillment",
+            Self::Receipt => "receipt",
+        }
+    }
+
+    /// The status an order must be in for this timeout to act.
+    pub fn acts_on(self) -> OrderStatus {
+        match self {
+            Self::Payment => OrderStatus::PendingPayment,
+            Self::Fulfillment => OrderStatus::Paid,
+            Self::Receipt => OrderStatus::Shipped,
+        }
+    }
+}
+
+impl fmt::Display for TimeoutKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TimeoutKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown kind '{}' (expected payment, fulfillment or receipt)",
+                    truncate(s, 64)
+                )
+            })
+    }
+}
+
+/// Milliseconds since the Unix epoch, UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Millis(pub i64);
+
+impl Millis {
+    /// The current wall-clock time.
+    pub fn now() -> Self {
+        Self(Utc::now().timestamp_millis())
+    }
+
+    /// This time plus a duration (saturating).
+    pub fn plus(self, d: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
+    }
+
+    /// This time minus a duration (saturating).
+    pub fn minus(self, d: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
+    }
+
+    /// How long from `earlier` to `self`, zero when `earlier` is later.
+    pub fn since(self, earlier: Millis) -> Duration {
+        Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
+    }
+
+    /// Signed milliseconds from `earlier` to `self`.
+    pub fn signed_since(self, earlier: Millis) -> i64 {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// As a chrono time, if representable.
+    pub fn to_datetime(self) -> Option<DateTime<Utc>> {
+        DateTime::from_timestamp_millis(self.0)
+    }
+
+    /// RFC 3339 with milliseconds, e.g. `2026-11-30T05:30:00.000Z`.
+    pub fn to_rfc3339(self) -> String {
+        self.to_datetime()
+            .map(|d| d.to_rfc3339_opts(SecondsFormat::Millis, true))
+            .unwrap_or_else(|| self.0.to_string())
+    }
+
+    /// Parses RFC 3339 (any offset) into milliseconds.
+    pub fn parse_rfc3339(s: &str) -> Result<Self, String> {
+        DateTime::parse_from_rfc3339(s)
+            .map(|d| Self(d.timestamp_millis()))
+            .map_err(|e| format!("'{}' is not an RFC 3339 time ({e})", truncate(s, 64)))
+    }
+}
+
+impl Serialize for Millis {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_rfc3339())
+    }
+}
+
+/// Shortens untrusted text before it goes into an error message or a header.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_ids_are_positive_integers() {
+        assert_eq!("42".parse::<OrderId>().unwrap().get(), 42);
+        assert_eq!(
+            "9223372036854775807".parse::<OrderId>().unwrap().get(),
+            i64::MAX
+        );
+        for bad in ["0", "-1", "+3", "1.5", "abc", "", "9223372036854775808"] {
+            assert!(bad.parse::<OrderId>().is_err(), "{bad}");
+        }
+        assert_eq!(serde_json::to_string(&OrderId::new(7)).unwrap(), "\"7\"");
+    }
+
+    #[test]
+    fn transitions_follow_the_diagram() {
+        use OrderStatus::*;
+        assert!(PendingPayment.can_become(Paid));
+        assert!(PendingPayment.can_become(Cancelled));
+        assert!(!Paid.can_become(Cancelled));
+        assert!(!Cancelled.can_become(Paid));
+        assert!(!Paid.can_become(Completed));
+        assert!(Shipped.can_become(Completed));
+        for st in OrderStatus::ALL {
+            assert_eq!(st.as_str().parse::<OrderStatus>().unwrap(), st);
+        }
+    }
+
+    #[test]
+    fn millis_round_trip_rfc3339() {
+        let t = Millis::parse_rfc3339("2026-11-30T05:30:00Z").unwrap();
+        assert_eq!(t.to_rfc3339(), "2026-11-30T05:30:00.000Z");
+        assert_eq!(
+            Millis::parse_rfc3339("2026-11-30T06:30:00+01:00").unwrap(),
+            t
+        );
+        assert_eq!(t.plus(Duration::from_secs(1)).signed_since(t), 1000);
+        assert_eq!(t.since(t.plus(Duration::from_secs(1))), Duration::ZERO);
+    }
+}

@@ -1,0 +1,26 @@
+//! order-timeout closes e-commerce orders whose deadline passed: an unpaid order
+//! is cancelled when its payment window ends and its stock goes back on sale; a
+//! paid order not shipped in time is flagged; a shipped order never confirmed is
+//! completed. RabbitMQ keeps the deadlines, the database decides.
+//!
+//! The map of the crate:
+//! - [`settings`]: typed, validated configuration (defaults, TOML, environment);
+//! - [`domain`]: ids, statuses and transitions, timeout kinds, timestamps;
+//! - [`db`]: the connection, migrations, and every transaction ([`db::store`]);
+//! - [`amqp`]: the wire contract, the topology of both delay modes, the router,
+//!   the consumers and the outbox relay, each on a supervised connection;
+//! - [`sweeper`]: the safety net that applies overdue transitions by itself;
+//! - [`http`]: the JSON API; [`metrics`]: events that log and count;
+//! - [`app`]: wiring and the run loop; [`doctor`] and [`cli`]: the subcommands.
+
+pub mod amqp;
+pub mod app;
+pub mod cli;
+pub mod db;
+pub mod doctor;
+pub mod domain;
+pub mod http;
+pub mod metrics;
+pub mod settings;
+pub mod sweeper;
+pub mod telemetry;

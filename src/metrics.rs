@@ -1,0 +1,367 @@
+//! Events: every thing worth knowing that happens in the service, each logged and
+//! counted by one function, so a metric and its log line cannot drift apart.
+//! `/metrics` renders the registry in the Prometheus text format.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::amqp::wire::Park;
+use crate::domain::{OrderId, TimeoutKind};
+
+type Labels1 = [(&'static str, &'static str); 1];
+type Labels2 = [(&'static str, &'static str); 2];
+
+/// Lateness buckets in seconds: from a millisecond to a minute.
+const LATENESS_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The service's metrics and the event functions that feed them.
+pub struct Events {
+    registry: Registry,
+    timeouts: Family<Labels2, Counter>,
+    lateness: Family<Labels1, Histogram, fn() -> Histogram>,
+    deliveries: Family<Labels1, Counter>,
+    redeliveries: Family<Labels1, Counter>,
+    parked: Family<Labels2, Counter>,
+    sweeper_catches: Family<Labels1, Counter>,
+    orders_created: Counter,
+    checkouts_rejected: Family<Labels1, Counter>,
+    payments: Family<Labels1, Counter>,
+    late_payments: Counter,
+    outbox_published: Counter,
+    outbox_publish_failures: Counter,
+    outbox_backlog: Gauge,
+    outbox_oldest_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    consumer_pauses: Family<Labels1, Counter>,
+    broker_connects: Family<Labels1, Counter>,
+    broker_disconnects: Family<Labels1, Counter>,
+    held: Gauge,
+    redelayed: Family<Labels1, Counter>,
+}
+
+fn new_lateness_histogram() -> Histogram {
+    Histogram::new(LATENESS_BUCKETS)
+}
+
+impl Events {
+    /// A fresh registry (one per application, so tests do not share counters).
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("order_timeout");
+        let timeouts = Family::<Labels2, Counter>::default();
+        registry.register(
+            "timeouts_handled",
+            "Timeout messages handled, by kind and outcome (applied, not_applicable, not_yet_due, parked)",
+            timeouts.clone(),
+        );
+        let lateness = Family::<Labels1, Histogram, fn() -> Histogram>::new_with_constructor(
+            new_lateness_histogram,
+        );
+        registry.register(
+            "lateness_seconds",
+            "Time from an order's deadline to the committed transition, by kind",
+            lateness.clone(),
+        );
+        let deliveries = Family::<Labels1, Counter>::default();
+        registry.register(
+            "deliveries",
+            "Deliveries received, by queue role",
+            deliveries.clone(),
+        );
+        let redeliveries = Family::<Labels1, Counter>::default();
+        registry.register(
+            "redeliveries",
+            "Deliveries flagged redelivered by the broker, by queue role",
+            redeliveries.clone(),
+        );
+        let parked = Family::<Labels2, Counter>::default();
+        registry.register(
+            "parked_messages",
+            "Messages parked, by reason and component",
+            parked.clone(),
+        );
+        let sweeper_catches = Family::<Labels1, Counter>::default();
+        registry.register(
+            "sweeper_catches",
+            "Orders the sweeper handled because no message did (a lost or late timer), by kind",
+            sweeper_catches.clone(),
+        );
+        let orders_created = Counter::default();
+        registry.register(
+            "orders_created",
+            "Orders created at checkout",
+            orders_created.clone(),
+        );
+        let checkouts_rejected = Family::<Labels1, Counter>::default();
+        registry.register(
+            "checkouts_rejected",
+            "Checkouts refused, by reason",
+            checkouts_rejected.clone(),
+        );
+        let payments = Family::<Labels1, Counter>::default();
+        registry.register("payments", "Payment requests, by outcome", payments.clone());
+        let late_payments = Counter::default();
+        registry.register(
+            "late_payments",
+            "Payments for orders already cancelled or past their window (a refund may be due)",
+            late_payments.clone(),
+        );
+        let outbox_published = Counter::default();
+        registry.register(
+            "outbox_published",
+            "Outbox rows published and confirmed by the broker",
+            outbox_published.clone(),
+        );
+        let outbox_publish_failures = Counter::default();
+        registry.register(
+            "outbox_publish_failures",
+            "Outbox publishes not confirmed (retried)",
+            outbox_publish_failures.clone(),
+        );
+        let outbox_backlog = Gauge::default();
+        registry.register(
+            "outbox_backlog",
+            "Outbox rows waiting to be published",
+            outbox_backlog.clone(),
+        );
+        let outbox_oldest_age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "outbox_oldest_age_seconds",
+            "Age of the oldest unpublished outbox row",
+            outbox_oldest_age.clone(),
+        );
+        let consumer_pauses = Family::<Labels1, Counter>::default();
+        registry.register(
+            "consumer_pauses",
+            "Times a component paused because the database failed, by role",
+            consumer_pauses.clone(),
+        );
+        let broker_connects = Family::<Labels1, Counter>::default();
+        registry.register(
+            "broker_connects",
+            "Broker connections established, by role",
+            broker_connects.clone(),
+        );
+        let broker_disconnects = Family::<Labels1, Counter>::default();
+        registry.register(
+            "broker_disconnects",
+            "Broker connections lost, by role",
+            broker_disconnects.clone(),
+        );
+        let held = Gauge::default();
+        registry.register(
+            "held_messages",
+            "Early messages held in memory until their deadline",
+            held.clone(),
+        );
+        let redelayed = Family::<Labels1, Counter>::default();
+        registry.register(
+            "redelayed_messages",
+            "Early messages sent back to wait, by kind",
+            redelayed.clone(),
+        );
+        Arc::new(Self {
+            registry,
+            timeouts,
+            lateness,
+            deliveries,
+            redeliveries,
+            parked,
+            sweeper_catches,
+            orders_created,
+            checkouts_rejected,
+            payments,
+            late_payments,
+            outbox_published,
+            outbox_publish_failures,
+            outbox_backlog,
+            outbox_oldest_age,
+            consumer_pauses,
+            broker_connects,
+            broker_disconnects,
+            held,
+            redelayed,
+        })
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+
+    /// A checkout created an order.
+    pub fn order_created(&self, id: OrderId, deadline: &str) {
+        self.orders_created.inc();
+        tracing::debug!(order_id = %id, pay_deadline = deadline, "order created");
+    }
+
+    /// A checkout was refused (`insufficient_stock`, `unknown_sku`).
+    pub fn checkout_rejected(&self, reason: &'static str, detail: &str) {
+        self.checkouts_rejected
+            .get_or_create(&[("reason", reason)])
+            .inc();
+        tracing::info!(reason, detail, "checkout refused");
+    }
+
+    /// A payment went through.
+    pub fn paid(&self, id: OrderId) {
+        self.payments.get_or_create(&[("outcome", "paid")]).inc();
+        tracing::info!(order_id = %id, "order paid");
+    }
+
+    /// A payment arrived for an order that can no longer be paid.
+    pub fn payment_refused(&self, id: OrderId, status: &str, late: bool) {
+        let outcome = if late { "late" } else { "refused" };
+        self.payments.get_or_create(&[("outcome", outcome)]).inc();
+        if late {
+            self.late_payments.inc();
+            tracing::warn!(order_id = %id, status, "late payment: the order was cancelled by its timeout; refund it");
+        } else {
+            tracing::info!(order_id = %id, status, "payment refused");
+        }
+    }
+
+    /// A delivery arrived on a queue role (`ingest`, `payment`, …).
+    pub fn delivery(&self, role: &'static str, redelivered: bool) {
+        self.deliveries.get_or_create(&[("queue", role)]).inc();
+        if redelivered {
+            self.redeliveries.get_or_create(&[("queue", role)]).inc();
+        }
+    }
+
+    /// A timeout transition committed.
+    pub fn timeout_applied(
+        &self,
+        kind: TimeoutKind,
+        id: OrderId,
+        lateness_ms: i64,
+        by: &'static str,
+    ) {
+        self.timeouts
+            .get_or_create(&[("kind", kind.as_str()), ("outcome", "applied")])
+            .inc();
+        self.lateness
+            .get_or_create(&[("kind", kind.as_str())])
+            .observe(lateness_ms.max(0) as f64 / 1000.0);
+        tracing::info!(order_id = %id, kind = kind.as_str(), lateness_ms, by, outcome = "applied", "timeout applied");
+    }
+
+    /// A timeout found nothing to do (the order moved on, or a duplicate message).
+    pub fn timeout_not_applicable(&self, kind: TimeoutKind, id: OrderId, status: &str) {
+        self.timeouts
+            .get_or_create(&[("kind", kind.as_str()), ("outcome", "not_applicable")])
+            .inc();
+        tracing::debug!(order_id = %id, kind = kind.as_str(), status, outcome = "not_applicable", "timeout not applicable");
+    }
+
+    /// A timeout arrived before the deadline in the database.
+    pub fn timeout_early(&self, kind: TimeoutKind, id: OrderId, remaining: Duration, held: bool) {
+        self.timeouts
+            .get_or_create(&[("kind", kind.as_str()), ("outcome", "not_yet_due")])
+            .inc();
+        if !held {
+            self.redelayed
+                .get_or_create(&[("kind", kind.as_str())])
+                .inc();
+        }
+        tracing::debug!(
+            order_id = %id,
+            kind = kind.as_str(),
+            remaining_ms = remaining.as_millis() as u64,
+            action = if held { "hold" } else { "redelay" },
+            outcome = "not_yet_due",
+            "timeout arrived early"
+        );
+    }
+
+    /// Messages held in memory right now.
+    pub fn held_changed(&self, delta: i64) {
+        self.held.inc_by(delta);
+    }
+
+    /// A message was parked.
+    pub fn parked(
+        &self,
+        park: &Park,
+        by: &'static str,
+        routing_key: &str,
+        kind: Option<TimeoutKind>,
+    ) {
+        self.parked
+            .get_or_create(&[("reason", park.reason.as_str()), ("by", by)])
+            .inc();
+        if let Some(kind) = kind {
+            self.timeouts
+                .get_or_create(&[("kind", kind.as_str()), ("outcome", "parked")])
+                .inc();
+        }
+        tracing::warn!(reason = park.reason.as_str(), detail = %park.detail, by, routing_key, "message parked");
+    }
+
+    /// The sweeper applied a transition no message had applied.
+    pub fn sweeper_catch(&self, kind: TimeoutKind, id: OrderId, lateness_ms: i64) {
+        self.sweeper_catches
+            .get_or_create(&[("kind", kind.as_str())])
+            .inc();
+        self.timeout_applied(kind, id, lateness_ms, "sweeper");
+        tracing::warn!(order_id = %id, kind = kind.as_str(), lateness_ms, "sweeper caught an order its timer missed");
+    }
+
+    /// Outbox rows were published and confirmed.
+    pub fn outbox_published(&self, n: u64) {
+        self.outbox_published.inc_by(n);
+        tracing::debug!(rows = n, "outbox rows published");
+    }
+
+    /// Outbox rows were not confirmed.
+    pub fn outbox_failed(&self, n: u64, error: &str) {
+        self.outbox_publish_failures.inc_by(n);
+        tracing::warn!(rows = n, error, "outbox publish not confirmed; will retry");
+    }
+
+    /// The outbox backlog now.
+    pub fn outbox_backlog(&self, rows: u64, oldest_age: Duration) {
+        self.outbox_backlog.set(rows as i64);
+        self.outbox_oldest_age.set(oldest_age.as_secs_f64());
+    }
+
+    /// The database failed; `role` pauses for `backoff`.
+    pub fn paused(&self, role: &'static str, error: &str, backoff: Duration) {
+        self.consumer_pauses.get_or_create(&[("role", role)]).inc();
+        tracing::warn!(
+            role,
+            error,
+            backoff_ms = backoff.as_millis() as u64,
+            "database unavailable; pausing"
+        );
+    }
+
+    /// A broker connection is up.
+    pub fn broker_connected(&self, role: &'static str, name: &str) {
+        self.broker_connects.get_or_create(&[("role", role)]).inc();
+        tracing::info!(role, connection = name, "connected to the broker");
+    }
+
+    /// A broker connection was lost or could not be made.
+    pub fn broker_lost(&self, role: &'static str, error: &str, retry_in: Duration) {
+        self.broker_disconnects
+            .get_or_create(&[("role", role)])
+            .inc();
+        tracing::warn!(
+            role,
+            error,
+            retry_in_ms = retry_in.as_millis() as u64,
+            "broker connection lost; reconnecting"
+        );
+    }
+}

@@ -1,0 +1,840 @@
+//! Typed, validated settings.
+//!
+//! Layers, later ones winning: built-in defaults, a TOML file (`--config FILE` or
+//! `ORDER_TIMEOUT_CONFIG`), then `ORDER_TIMEOUT__SECTION__KEY` environment
+//! variables. Every value is read as text and parsed here, so that a wrong value
+//! stops start-up with a message naming its key, and an unknown key (a typo) is
+//! refused instead of silently ignored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use config::{Config, Environment, File, FileFormat, Value, ValueKind};
+
+/// Environment variable prefix; sections and keys are separated by `__`.
+pub const ENV_PREFIX: &str = "ORDER_TIMEOUT";
+/// Environment variable naming the TOML file when `--config` is not given.
+pub const CONFIG_FILE_ENV: &str = "ORDER_TIMEOUT_CONFIG";
+/// The largest delay the wire contract allows (the plugin's limit): 2^32-1 ms.
+pub const MAX_DELAY: Duration = Duration::from_millis(4_294_967_295);
+
+/// Every key with its built-in default. The order is the order `doctor` prints.
+const DEFAULTS: &[(&str, &str)] = &[
+    ("database.url", "sqlite://order-timeout.db?mode=rwc"),
+    ("database.max_connections", "10"),
+    ("database.migrate_on_start", "true"),
+    ("amqp.url", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+    ("amqp.prefix", "order.timeouts"),
+    ("amqp.delay_mode", "auto"),
+    ("amqp.prefetch", "500"),
+    ("amqp.instance", ""),
+    ("http.bind", "127.0.0.1:8080"),
+    ("windows.payment", "30m"),
+    ("windows.fulfillment", "7d"),
+    ("windows.receipt", "14d"),
+    ("consumer.batch_size", "200"),
+    ("consumer.batch_wait", "5ms"),
+    ("consumer.hold_max", "1s"),
+    ("relay.batch_size", "500"),
+    ("relay.interval", "200ms"),
+    ("sweeper.enabled", "true"),
+    ("sweeper.interval", "30s"),
+    ("sweeper.grace", "60s"),
+    ("sweeper.batch_size", "500"),
+    ("log.format", "pretty"),
+    ("log.level", "info,lapin=off"),
+];
+
+/// How timeouts are delayed in the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayMode {
+    /// Probe the broker for the `x-delayed-message` exchange type at start-up.
+    Auto,
+    /// The delayed-message exchange plugin keeps the messages.
+    Plugin,
+    /// Binary TTL levels with dead-lettering; needs nothing but RabbitMQ itself.
+    Ttl,
+}
+
+impl DelayMode {
+    /// The configuration spelling of the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Plugin => "plugin",
+            Self::Ttl => "ttl",
+        }
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines for a terminal.
+    Pretty,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// A value that must never be printed: its `Debug` and `Display` are redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    /// The secret itself, for the one place that must use it (a connect call).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    /// The value with any password replaced, safe for logs and `doctor`.
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({})", self.redacted())
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// Replaces the password of a URL (and any `password=` query value) with `***`.
+/// Text that is not a URL is returned whole only when it cannot hold a password.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        // `user:pass@host` parses as scheme `user` with an opaque path: hide it all.
+        Ok(url) if url.cannot_be_a_base() && raw.contains('@') => "***".to_string(),
+        Ok(mut url) => {
+            if url.password().is_some() {
+                let _ = url.set_password(Some("***"));
+            }
+            let pairs: Vec<(String, String)> = url
+                .query_pairs()
+                .map(|(k, v)| {
+                    let v = if k.eq_ignore_ascii_case("password") {
+                        "***".into()
+                    } else {
+                        v.into_owned()
+                    };
+                    (k.into_owned(), v)
+                })
+                .collect();
+            if !pairs.is_empty() {
+                url.query_pairs_mut().clear().extend_pairs(pairs);
+            }
+            url.to_string()
+        }
+        // Something like `user:pass@host` that is not a URL: hide everything after
+        // the first colon rather than risk printing a password.
+        Err(_) if raw.contains('@') => "***".to_string(),
+        Err(_) => raw.to_string(),
+    }
+}
+
+/// `database.*`
+#[derive(Debug, Clone)]
+pub struct DatabaseSettings {
+    /// Connection URL: `sqlite://…`, `postgres://…` or `mysql://…`.
+    pub url: Secret,
+    /// Pool size (SQLite always uses one writer connection).
+    pub max_connections: u32,
+    /// Run pending migrations when `serve` starts.
+    pub migrate_on_start: bool,
+}
+
+/// `amqp.*`
+#[derive(Debug, Clone)]
+pub struct AmqpSettings {
+    /// Broker URL, `amqp://` or `amqps://`.
+    pub url: Secret,
+    /// The entry exchange's name; every other name is `<prefix>.<role>`.
+    pub prefix: String,
+    /// Which delay mechanism to use.
+    pub delay_mode: DelayMode,
+    /// Deliveries the broker may push before an ack (per consumer).
+    pub prefetch: u16,
+    /// This instance's name in connection names (defaults to host and pid).
+    pub instance: String,
+}
+
+/// `http.*`
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// Address of the HTTP API; port 0 picks a free port.
+    pub bind: SocketAddr,
+}
+
+/// `windows.*`: how long each stage of an order may take.
+#[derive(Debug, Clone)]
+pub struct Windows {
+    /// From checkout to payment.
+    pub payment: Duration,
+    /// From payment to shipping.
+    pub fulfillment: Duration,
+    /// From shipping to the buyer's confirmation.
+    pub receipt: Duration,
+}
+
+/// `consumer.*`
+#[derive(Debug, Clone)]
+pub struct ConsumerSettings {
+    /// Most deliveries handled in one database transaction.
+    pub batch_size: usize,
+    /// How long a batch may wait to fill while messages are flowing.
+    pub batch_wait: Duration,
+    /// An early message due within this is held in memory; a later one is re-delayed.
+    pub hold_max: Duration,
+}
+
+/// `relay.*`
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// Most outbox rows published per round.
+    pub batch_size: u64,
+    /// Pause between rounds when the outbox is empty.
+    pub interval: Duration,
+}
+
+/// `sweeper.*`
+#[derive(Debug, Clone)]
+pub struct SweeperSettings {
+    /// Whether this instance sweeps at all.
+    pub enabled: bool,
+    /// Time between sweeps.
+    pub interval: Duration,
+    /// How long past its deadline an order must be before the sweeper acts.
+    pub grace: Duration,
+    /// Most orders handled per kind per sweep.
+    pub batch_size: u64,
+}
+
+/// `log.*`
+#[derive(Debug, Clone)]
+pub struct LogSettings {
+    /// Pretty or JSON lines.
+    pub format: LogFormat,
+    /// Default filter when `RUST_LOG` is not set.
+    pub level: String,
+}
+
+/// All settings, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The database.
+    pub database: DatabaseSettings,
+    /// The broker.
+    pub amqp: AmqpSettings,
+    /// The HTTP API.
+    pub http: HttpSettings,
+    /// Default windows.
+    pub windows: Windows,
+    /// The timeout consumers.
+    pub consumer: ConsumerSettings,
+    /// The outbox relay.
+    pub relay: RelaySettings,
+    /// The sweeper.
+    pub sweeper: SweeperSettings,
+    /// Logging.
+    pub log: LogSettings,
+    /// Where each key's value came from, for `doctor`.
+    pub sources: BTreeMap<String, Source>,
+}
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// The TOML file at this path.
+    File(PathBuf),
+    /// This environment variable.
+    Env(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Default => f.write_str("default"),
+            Self::File(p) => write!(f, "file {}", p.display()),
+            Self::Env(v) => write!(f, "env {v}"),
+        }
+    }
+}
+
+/// Why settings could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A value that does not parse or is out of range.
+    #[error("invalid value for `{key}`: {reason}")]
+    Invalid {
+        /// The dotted key, e.g. `amqp.delay_mode`.
+        key: String,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+    /// A key nobody reads, most likely a typo.
+    #[error("unknown setting `{key}` (from {source_name}); known keys: {known}")]
+    Unknown {
+        /// The dotted key.
+        key: String,
+        /// The file or environment variable that set it.
+        source_name: String,
+        /// The keys that exist.
+        known: String,
+    },
+    /// The file could not be read or is not TOML.
+    #[error("cannot read config file {path}: {reason}")]
+    File {
+        /// The path given.
+        path: PathBuf,
+        /// The parser's or the OS's message.
+        reason: String,
+    },
+}
+
+/// Where to read settings from. Tests pass their own environment map instead of
+/// touching the process environment.
+#[derive(Debug, Default, Clone)]
+pub struct SettingsSource {
+    /// The TOML file, if any.
+    pub file: Option<PathBuf>,
+    /// `None` reads the process environment; `Some` reads only this map.
+    pub env: Option<HashMap<String, String>>,
+}
+
+impl Settings {
+    /// Loads the layers and validates every key.
+    pub fn load(source: &SettingsSource) -> Result<Self, SettingsError> {
+        let env_map: HashMap<String, String> = match &source.env {
+            Some(map) => map.clone(),
+            None => std::env::vars().collect(),
+        };
+        let file = source
+            .file
+            .clone()
+            .or_else(|| env_map.get(CONFIG_FILE_ENV).map(PathBuf::from));
+
+        let mut values: BTreeMap<String, String> = DEFAULTS
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut sources: BTreeMap<String, Source> = DEFAULTS
+            .iter()
+            .map(|(k, _)| (k.to_string(), Source::Default))
+            .collect();
+
+        if let Some(path) = &file {
+            for (key, value) in read_file(path)? {
+                check_known(&key, &format!("file {}", path.display()))?;
+                sources.insert(key.clone(), Source::File(path.clone()));
+                values.insert(key, value);
+            }
+        }
+        for (key, value, var) in read_env(&env_map)? {
+            check_known(&key, &format!("env {var}"))?;
+            sources.insert(key.clone(), Source::Env(var));
+            values.insert(key, value);
+        }
+
+        let get = |key: &str| values.get(key).map(String::as_str).unwrap_or_default();
+        let settings = Settings {
+            database: DatabaseSettings {
+                url: Secret::new(non_empty("database.url", get("database.url"))?),
+                max_connections: parse_range(
+                    "database.max_connections",
+                    get("database.max_connections"),
+                    1,
+                    1000,
+                )?,
+                migrate_on_start: parse_bool(
+                    "database.migrate_on_start",
+                    get("database.migrate_on_start"),
+                )?,
+            },
+            amqp: AmqpSettings {
+                url: Secret::new(parse_amqp_url("amqp.url", get("amqp.url"))?),
+                prefix: parse_prefix("amqp.prefix", get("amqp.prefix"))?,
+                delay_mode: match get("amqp.delay_mode") {
+                    "auto" => DelayMode::Auto,
+                    "plugin" => DelayMode::Plugin,
+                    "ttl" => DelayMode::Ttl,
+                    other => {
+                        return Err(invalid(
+                            "amqp.delay_mode",
+                            format!("'{other}' (expected auto, plugin or ttl)"),
+                        ));
+                    }
+                },
+                prefetch: parse_range("amqp.prefetch", get("amqp.prefetch"), 1, 65535)?,
+                instance: match get("amqp.instance") {
+                    "" => default_instance(),
+                    name => name.to_string(),
+                },
+            },
+            http: HttpSettings {
+                bind: get("http.bind").parse().map_err(|_| {
+                    invalid(
+                        "http.bind",
+                        format!(
+                            "'{}' (expected host:port, e.g. 127.0.0.1:8080)",
+                            get("http.bind")
+                        ),
+                    )
+                })?,
+            },
+            windows: Windows {
+                payment: parse_window("windows.payment", get("windows.payment"))?,
+                fulfillment: parse_window("windows.fulfillment", get("windows.fulfillment"))?,
+                receipt: parse_window("windows.receipt", get("windows.receipt"))?,
+            },
+            consumer: ConsumerSettings {
+                batch_size: parse_range(
+                    "consumer.batch_size",
+                    get("consumer.batch_size"),
+                    1,
+                    10_000,
+                )?,
+                batch_wait: parse_duration(
+                    "consumer.batch_wait",
+                    get("consumer.batch_wait"),
+                    Duration::ZERO,
+                    Duration::from_secs(1),
+                )?,
+                hold_max: parse_duration(
+                    "consumer.hold_max",
+                    get("consumer.hold_max"),
+                    Duration::ZERO,
+                    Duration::from_secs(60),
+                )?,
+            },
+            relay: RelaySettings {
+                batch_size: parse_range("relay.batch_size", get("relay.batch_size"), 1, 100_000)?,
+                interval: parse_duration(
+                    "relay.interval",
+                    get("relay.interval"),
+                    Duration::from_millis(1),
+                    Duration::from_secs(60),
+                )?,
+            },
+            sweeper: SweeperSettings {
+                enabled: parse_bool("sweeper.enabled", get("sweeper.enabled"))?,
+                interval: parse_duration(
+                    "sweeper.interval",
+                    get("sweeper.interval"),
+                    Duration::from_millis(100),
+                    Duration::from_secs(86_400),
+                )?,
+                grace: parse_duration(
+                    "sweeper.grace",
+                    get("sweeper.grace"),
+                    Duration::ZERO,
+                    Duration::from_secs(86_400 * 30),
+                )?,
+                batch_size: parse_range(
+                    "sweeper.batch_size",
+                    get("sweeper.batch_size"),
+                    1,
+                    100_000,
+                )?,
+            },
+            log: LogSettings {
+                format: match get("log.format") {
+                    "pretty" => LogFormat::Pretty,
+                    "json" => LogFormat::Json,
+                    other => {
+                        return Err(invalid(
+                            "log.format",
+                            format!("'{other}' (expected pretty or json)"),
+                        ));
+                    }
+                },
+                level: {
+                    let level = get("log.level");
+                    tracing_subscriber::EnvFilter::try_new(level)
+                        .map_err(|e| invalid("log.level", format!("'{level}': {e}")))?;
+                    level.to_string()
+                },
+            },
+            sources,
+        };
+        Ok(settings)
+    }
+
+    /// Every key with its value as `doctor` shows it (secrets redacted) and its source.
+    pub fn describe(&self) -> Vec<(String, String, Source)> {
+        let d = &self;
+        let shown: Vec<(&str, String)> = vec![
+            ("database.url", d.database.url.redacted()),
+            (
+                "database.max_connections",
+                d.database.max_connections.to_string(),
+            ),
+            (
+                "database.migrate_on_start",
+                d.database.migrate_on_start.to_string(),
+            ),
+            ("amqp.url", d.amqp.url.redacted()),
+            ("amqp.prefix", d.amqp.prefix.clone()),
+            ("amqp.delay_mode", d.amqp.delay_mode.as_str().to_string()),
+            ("amqp.prefetch", d.amqp.prefetch.to_string()),
+            ("amqp.instance", d.amqp.instance.clone()),
+            ("http.bind", d.http.bind.to_string()),
+            (
+                "windows.payment",
+                humantime::format_duration(d.windows.payment).to_string(),
+            ),
+            (
+                "windows.fulfillment",
+                humantime::format_duration(d.windows.fulfillment).to_string(),
+            ),
+            (
+                "windows.receipt",
+                humantime::format_duration(d.windows.receipt).to_string(),
+            ),
+            ("consumer.batch_size", d.consumer.batch_size.to_string()),
+            (
+                "consumer.batch_wait",
+                humantime::format_duration(d.consumer.batch_wait).to_string(),
+            ),
+            (
+                "consumer.hold_max",
+                humantime::format_duration(d.consumer.hold_max).to_string(),
+            ),
+            ("relay.batch_size", d.relay.batch_size.to_string()),
+            (
+                "relay.interval",
+                humantime::format_duration(d.relay.interval).to_string(),
+            ),
+            ("sweeper.enabled", d.sweeper.enabled.to_string()),
+            (
+                "sweeper.interval",
+                humantime::format_duration(d.sweeper.interval).to_string(),
+            ),
+            (
+                "sweeper.grace",
+                humantime::format_duration(d.sweeper.grace).to_string(),
+            ),
+            ("sweeper.batch_size", d.sweeper.batch_size.to_string()),
+            ("log.format", format!("{:?}", d.log.format).to_lowercase()),
+            ("log.level", d.log.level.clone()),
+        ];
+        shown
+            .into_iter()
+            .map(|(k, v)| {
+                let source = self.sources.get(k).cloned().unwrap_or(Source::Default);
+                (k.to_string(), v, source)
+            })
+            .collect()
+    }
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> SettingsError {
+    SettingsError::Invalid {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn check_known(key: &str, source_name: &str) -> Result<(), SettingsError> {
+    if DEFAULTS.iter().any(|(k, _)| *k == key) {
+        return Ok(());
+    }
+    Err(SettingsError::Unknown {
+        key: key.to_string(),
+        source_name: source_name.to_string(),
+        known: DEFAULTS
+            .iter()
+            .map(|(k, _)| *k)
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// Reads a TOML file into dotted keys with text values.
+fn read_file(path: &Path) -> Result<Vec<(String, String)>, SettingsError> {
+    let text = std::fs::read_to_string(path).map_err(|e| SettingsError::File {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let config = Config::builder()
+        .add_source(File::from_str(&text, FileFormat::Toml))
+        .build()
+        .map_err(|e| SettingsError::File {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    let table = config
+        .try_deserialize::<config::Map<String, Value>>()
+        .map_err(|e| SettingsError::File {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    let mut out = Vec::new();
+    flatten("", table, &mut out)?;
+    Ok(out)
+}
+
+fn flatten(
+    prefix: &str,
+    table: config::Map<String, Value>,
+    out: &mut Vec<(String, String)>,
+) -> Result<(), SettingsError> {
+    for (key, value) in table {
+        let full = if prefix.is_empty() {
+            key
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match value.kind {
+            ValueKind::Table(inner) => flatten(&full, inner, out)?,
+            ValueKind::Array(_) => return Err(invalid(&full, "arrays are not accepted here")),
+            ValueKind::Nil => {}
+            _ => {
+                let text = value
+                    .into_string()
+                    .map_err(|e| invalid(&full, e.to_string()))?;
+                out.push((full, text));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads `ORDER_TIMEOUT__SECTION__KEY` variables into dotted keys.
+fn read_env(env: &HashMap<String, String>) -> Result<Vec<(String, String, String)>, SettingsError> {
+    // The config crate's Environment source does the prefix and separator work;
+    // we feed it the map so tests never have to set process variables.
+    let source = Environment::with_prefix(ENV_PREFIX)
+        .prefix_separator("__")
+        .separator("__")
+        .source(Some(env.clone().into_iter().collect()));
+    let config = Config::builder()
+        .add_source(source)
+        .build()
+        .map_err(|e| invalid("environment", e.to_string()))?;
+    let table = config
+        .try_deserialize::<config::Map<String, Value>>()
+        .map_err(|e| invalid("environment", e.to_string()))?;
+    let mut flat = Vec::new();
+    flatten("", table, &mut flat)?;
+    Ok(flat
+        .into_iter()
+        .map(|(key, value)| {
+            let var = format!("{ENV_PREFIX}__{}", key.replace('.', "__").to_uppercase());
+            (key, value, var)
+        })
+        .collect())
+}
+
+fn non_empty(key: &str, value: &str) -> Result<String, SettingsError> {
+    if value.trim().is_empty() {
+        return Err(invalid(key, "must not be empty"));
+    }
+    Ok(value.to_string())
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, SettingsError> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(invalid(key, format!("'{value}' (expected true or false)"))),
+    }
+}
+
+fn parse_range<T>(key: &str, value: &str, min: T, max: T) -> Result<T, SettingsError>
+where
+    T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
+{
+    match value.trim().parse::<T>() {
+        Ok(n) if n >= min && n <= max => Ok(n),
+        _ => Err(invalid(
+            key,
+            format!("'{value}' (expected a whole number from {min} to {max})"),
+        )),
+    }
+}
+
+/// Parses a humantime duration (`30m`, `1h 30m`, `250ms`) within bounds.
+pub fn parse_duration(
+    key: &str,
+    value: &str,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, SettingsError> {
+    let d = humantime::parse_duration(value.trim()).map_err(|e| {
+        invalid(
+            key,
+            format!("'{value}' is not a duration ({e}); write it like 30s, 15m, 7d or 250ms"),
+        )
+    })?;
+    if d < min || d > max {
+        return Err(invalid(
+            key,
+            format!(
+                "'{value}' is out of range ({} to {})",
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+/// A window: at least one millisecond, at most what one `x-delay` can carry.
+pub fn parse_window(key: &str, value: &str) -> Result<Duration, SettingsError> {
+    parse_duration(key, value, Duration::from_millis(1), MAX_DELAY)
+}
+
+fn parse_amqp_url(key: &str, value: &str) -> Result<String, SettingsError> {
+    let url = url::Url::parse(value)
+        .map_err(|e| invalid(key, format!("'{}' is not a URL ({e})", redact_url(value))))?;
+    if url.scheme() != "amqp" && url.scheme() != "amqps" {
+        return Err(invalid(
+            key,
+            format!("scheme '{}' (expected amqp:// or amqps://)", url.scheme()),
+        ));
+    }
+    Ok(value.to_string())
+}
+
+fn parse_prefix(key: &str, value: &str) -> Result<String, SettingsError> {
+    // Names are AMQP short strings (≤ 255 bytes); the longest derived name adds
+    // about 20 characters, so keep the prefix well under that.
+    let ok = !value.is_empty()
+        && value.len() <= 200
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+    if !ok {
+        return Err(invalid(
+            key,
+            format!("'{value}' (expected 1 to 200 characters of A-Z a-z 0-9 . - _ :)"),
+        ));
+    }
+    Ok(value.to_string())
+}
+
+fn default_instance() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "localhost".to_string()
+    } else {
+        host
+    };
+    format!("{host}:{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::load(&SettingsSource {
+            file: None,
+            env: Some(env),
+        })
+    }
+
+    #[test]
+    fn defaults_load() {
+        let s = load(&[]).unwrap();
+        assert_eq!(s.amqp.prefix, "order.timeouts");
+        assert_eq!(s.windows.payment, Duration::from_secs(1800));
+        assert_eq!(s.windows.fulfillment, Duration::from_secs(7 * 86400));
+        assert_eq!(s.http.bind.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.amqp.delay_mode, DelayMode::Auto);
+    }
+
+    #[test]
+    fn env_overrides_and_is_recorded() {
+        let s = load(&[
+            ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl"),
+            ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "15m"),
+        ])
+        .unwrap();
+        assert_eq!(s.amqp.delay_mode, DelayMode::Ttl);
+        assert_eq!(s.windows.payment, Duration::from_secs(900));
+        assert_eq!(
+            s.sources["amqp.delay_mode"],
+            Source::Env("ORDER_TIMEOUT__AMQP__DELAY_MODE".into())
+        );
+    }
+
+    #[test]
+    fn wrong_values_name_their_key() {
+        for (var, value, key) in [
+            ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "fast", "amqp.delay_mode"),
+            ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "soon", "windows.payment"),
+            ("ORDER_TIMEOUT__WINDOWS__RECEIPT", "60d", "windows.receipt"),
+            ("ORDER_TIMEOUT__HTTP__BIND", "localhost", "http.bind"),
+            ("ORDER_TIMEOUT__AMQP__URL", "http://x", "amqp.url"),
+            ("ORDER_TIMEOUT__AMQP__PREFETCH", "0", "amqp.prefetch"),
+            ("ORDER_TIMEOUT__LOG__FORMAT", "xml", "log.format"),
+        ] {
+            let err = load(&[(var, value)]).unwrap_err().to_string();
+            assert!(err.contains(&format!("`{key}`")), "{err}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = load(&[("ORDER_TIMEOUT__AMQP__DELAYMODE", "ttl")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`amqp.delaymode`"), "{err}");
+    }
+
+    #[test]
+    fn file_layer_sits_between_defaults_and_env() {
+        let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "[amqp]\nprefix = \"shop.t\"\nprefetch = 50\n[windows]\npayment = \"10m\"\n",
+        )
+        .unwrap();
+        let env = [(
+            "ORDER_TIMEOUT__WINDOWS__PAYMENT".to_string(),
+            "5m".to_string(),
+        )]
+        .into_iter()
+        .collect();
+        let s = Settings::load(&SettingsSource {
+            file: Some(path.clone()),
+            env: Some(env),
+        })
+        .unwrap();
+        assert_eq!(s.amqp.prefix, "shop.t");
+        assert_eq!(s.amqp.prefetch, 50);
+        assert_eq!(s.windows.payment, Duration::from_secs(300));
+        assert_eq!(s.sources["amqp.prefix"], Source::File(path));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        let s = Secret::new("amqp://shop:hunter2@rabbit:5672/%2f");
+        assert!(!format!("{s:?} {s}").contains("hunter2"));
+        assert!(!redact_url("postgres://u:hunter2@db/x?password=hunter2").contains("hunter2"));
+        assert!(!redact_url("u:hunter2@db").contains("hunter2"));
+    }
+}
