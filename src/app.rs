@@ -180,13 +180,18 @@ impl Application {
                 }
             });
         }
-        let (c, s) = (ctx.clone(), shutdown.clone());
-        tasks.spawn(amqp::supervise(
-            ctx.clone(),
-            "relay",
-            shutdown.clone(),
-            move |conn, mode| relay::run(c.clone(), conn, mode, s.clone()),
-        ));
+        if ctx.settings.relay.enabled {
+            let (c, s) = (ctx.clone(), shutdown.clone());
+            tasks.spawn(amqp::supervise(
+                ctx.clone(),
+                "relay",
+                shutdown.clone(),
+                move |conn, mode| relay::run(c.clone(), conn, mode, s.clone()),
+            ));
+        } else {
+            // Another system publishes the timeouts; this role is no dependency.
+            ctx.health.set_broker("relay", true);
+        }
         let (c, s) = (ctx.clone(), shutdown.clone());
         tasks.spawn(amqp::supervise(
             ctx.clone(),
@@ -204,6 +209,7 @@ impl Application {
         if ctx.settings.sweeper.enabled {
             tasks.spawn(sweeper::run(ctx.clone(), shutdown.clone()));
         }
+        tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
 
         shutdown.cancelled().await;
         tracing::info!("shutting down: finishing in-flight work");

@@ -38,6 +38,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("consumer.batch_size", "200"),
     ("consumer.batch_wait", "5ms"),
     ("consumer.hold_max", "1s"),
+    ("relay.enabled", "true"),
     ("relay.batch_size", "500"),
     ("relay.interval", "200ms"),
     ("sweeper.enabled", "true"),
@@ -201,6 +202,9 @@ pub struct ConsumerSettings {
 /// `relay.*`
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
+    /// Whether this instance publishes the outbox (off when another system
+    /// publishes the timeouts itself and this one only consumes them).
+    pub enabled: bool,
     /// Most outbox rows published per round.
     pub batch_size: u64,
     /// Pause between rounds when the outbox is empty.
@@ -420,6 +424,7 @@ impl Settings {
                 )?,
             },
             relay: RelaySettings {
+                enabled: parse_bool("relay.enabled", get("relay.enabled"))?,
                 batch_size: parse_range("relay.batch_size", get("relay.batch_size"), 1, 100_000)?,
                 interval: parse_duration(
                     "relay.interval",
@@ -512,6 +517,7 @@ impl Settings {
                 "consumer.hold_max",
                 humantime::format_duration(d.consumer.hold_max).to_string(),
             ),
+            ("relay.enabled", d.relay.enabled.to_string()),
             ("relay.batch_size", d.relay.batch_size.to_string()),
             (
                 "relay.interval",

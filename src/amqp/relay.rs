@@ -21,12 +21,23 @@ use crate::db::entities::outbox;
 use crate::db::store;
 use crate::domain::{Millis, OrderId, TimeoutKind};
 
-/// How often the backlog gauges are refreshed (a COUNT is not free on a big table).
-const BACKLOG_EVERY: Duration = Duration::from_secs(1);
-
 /// The message id of an outbox row: stable across re-publishes of the same row.
 pub fn message_id(row: &outbox::Model) -> String {
     format!("{}:{}:{}", row.order_id, row.kind, row.id)
+}
+
+/// Refreshes the outbox backlog gauges every second, broker or not: a backlog
+/// that grows while the broker is away is exactly what operators must see.
+pub async fn monitor(ctx: Arc<Context>, shutdown: CancellationToken) {
+    loop {
+        if let Ok((rows, oldest)) = store::outbox_backlog(&ctx.db).await {
+            let age = oldest.map(|o| Millis::now().since(o)).unwrap_or_default();
+            ctx.events.outbox_backlog(rows, age);
+        }
+        if !pause(&shutdown, Duration::from_secs(1)).await {
+            return;
+        }
+    }
 }
 
 /// Publishes outbox rows until shutdown or a connection failure.
@@ -41,17 +52,9 @@ pub async fn run(
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let mut db_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut last_backlog = tokio::time::Instant::now() - BACKLOG_EVERY;
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
-        }
-        if last_backlog.elapsed() >= BACKLOG_EVERY {
-            last_backlog = tokio::time::Instant::now();
-            if let Ok((rows, oldest)) = store::outbox_backlog(&ctx.db).await {
-                let age = oldest.map(|o| Millis::now().since(o)).unwrap_or_default();
-                ctx.events.outbox_backlog(rows, age);
-            }
         }
         let rows = match store::outbox_pending(&ctx.db, ctx.settings.relay.batch_size).await {
             Ok(rows) => {

@@ -1,0 +1,65 @@
+# order-timeout: the commands a developer and CI run. `.ci/run` calls `make test`.
+#
+#   make run     start the service on its defaults (SQLite file here, local broker)
+#   make test    lint, unit and integration tests against the real services
+#   make lint    rustfmt and clippy, warnings denied
+#   make services  start whatever local service is down (RabbitMQ, PostgreSQL, MariaDB)
+
+SHELL := /bin/bash
+CARGO ?= cargo
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+# Integration tests mostly wait for deadlines to pass, so many run at once.
+TEST_THREADS ?= 24
+
+.PHONY: run test lint unit integration readme-example services broker databases examples-deps clean
+
+run: broker
+	$(CARGO) run --release -- serve
+
+test: services examples-deps lint
+	$(CARGO) build --release --locked
+	ORDER_TIMEOUT_REQUIRE_EXAMPLES=1 ORDER_TIMEOUT_TEST_PYTHON=$(abspath $(PYTHON)) \
+		$(CARGO) test --locked -- --test-threads=$(TEST_THREADS)
+	bash scripts/readme-example.sh
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+services: broker databases
+
+# RabbitMQ, with the management plugin (its HTTP API on 15672 is how tests make
+# vhosts and inspect queues). The delayed-message plugin is enabled when the
+# broker has it; it is not in any package registry, so usually it is absent and
+# plugin-mode tests say they are skipped.
+broker:
+	@if ! rabbitmqctl -q status >/dev/null 2>&1; then \
+		echo "starting RabbitMQ"; rabbitmq-server -detached; fi
+	@rabbitmqctl -q await_startup --timeout 120
+	@rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1 || rabbitmq-plugins -q enable rabbitmq_management
+	@if rabbitmq-plugins -q list -m | grep -qx rabbitmq_delayed_message_exchange; then \
+		rabbitmq-plugins -q enable rabbitmq_delayed_message_exchange; fi
+	@for i in $$(seq 1 60); do \
+		curl -sf -u guest:guest http://127.0.0.1:15672/api/overview >/dev/null && exit 0; sleep 1; done; \
+		echo "RabbitMQ management API did not come up on 15672"; exit 1
+
+databases:
+	@if ! pg_isready -q -h 127.0.0.1 -p 5432; then \
+		echo "starting PostgreSQL"; pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -n1) main start; fi
+	@for i in $$(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done; pg_isready -h 127.0.0.1 -p 5432
+	@if ! mariadb-admin -uroot ping >/dev/null 2>&1; then \
+		echo "starting MariaDB"; start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd; fi
+	@for i in $$(seq 1 30); do mariadb-admin -uroot ping >/dev/null 2>&1 && break; sleep 1; done; mariadb-admin -uroot ping
+
+# Client libraries of the publisher examples, from their registries.
+examples-deps: $(VENV)/.installed
+
+$(VENV)/.installed: rabbitmq/examples/python/requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r rabbitmq/examples/python/requirements.txt
+	touch $@
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV)

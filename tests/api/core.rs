@@ -1,0 +1,382 @@
+//! The core promises of issue 2, each run on SQLite and PostgreSQL, in TTL mode
+//! always and in plugin mode when the broker offers it.
+
+use std::time::Duration;
+
+use lapin::types::FieldTable;
+use serde_json::json;
+
+use crate::helpers::*;
+
+/// Runs a scenario on every backend and mode of the matrix.
+macro_rules! matrix {
+    ($name:ident) => {
+        mod $name {
+            use crate::helpers::{Backend, DelayMode, run};
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite_ttl() {
+                run(Backend::Sqlite, DelayMode::Ttl, super::$name).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_ttl() {
+                run(Backend::Postgres, DelayMode::Ttl, super::$name).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite_plugin() {
+                run(Backend::Sqlite, DelayMode::Plugin, super::$name).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_plugin() {
+                run(Backend::Postgres, DelayMode::Plugin, super::$name).await
+            }
+        }
+    };
+}
+
+matrix!(unpaid_is_cancelled_paid_stays);
+matrix!(duplicates_change_nothing);
+matrix!(early_message_never_cancels_early);
+matrix!(reverse_order_delays);
+matrix!(bad_messages_are_parked);
+
+/// MariaDB: migrates and passes the core flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_core_flow() {
+    unpaid_is_cancelled_paid_stays(Backend::MariaDb, DelayMode::Ttl).await
+}
+
+async fn unpaid_is_cancelled_paid_stays(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 10).await;
+    app.put_stock("B", 5).await;
+    let unpaid = app.order(&[("A", 2), ("B", 1)], "2s").await;
+    let paid = app.order(&[("A", 3)], "2s").await;
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 5, "reserved": 5, "sold": 0})
+    );
+
+    let (status, body) = app.post(&paid, "pay").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "paid");
+
+    let cancelled = app
+        .wait_status(&unpaid, "cancelled", Duration::from_secs(8))
+        .await;
+    let lateness = ms(&cancelled, "cancelled_at") - ms(&cancelled, "pay_deadline");
+    assert!(
+        (0..1000).contains(&lateness),
+        "cancelled {lateness} ms after the deadline"
+    );
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 7, "reserved": 0, "sold": 3})
+    );
+    assert_eq!(
+        app.stock("B").await,
+        json!({"sku": "B", "available": 5, "reserved": 0, "sold": 0})
+    );
+
+    // The paid order's timeout fires too, and changes nothing.
+    wait_until(
+        Duration::from_secs(5),
+        "the paid order's timeout handled",
+        || async {
+            (app.metric(
+                "order_timeout_timeouts_handled_total",
+                &["kind=\"payment\"", "outcome=\"not_applicable\""],
+            )
+            .await
+                >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    let still = app.get_order(&paid).await;
+    assert_eq!(still["status"], "paid");
+    assert_eq!(app.stock("A").await["sold"], 3);
+
+    // Paying the cancelled order is refused, naming the status.
+    let (status, body) = app.post(&unpaid, "pay").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["status"], "cancelled");
+    assert_eq!(
+        app.metric("order_timeout_late_payments_total", &[]).await,
+        1.0
+    );
+    assert_eq!(
+        app.metric(
+            "order_timeout_timeouts_handled_total",
+            &["outcome=\"applied\""]
+        )
+        .await,
+        1.0
+    );
+}
+
+async fn duplicates_change_nothing(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 10).await;
+    let id = app.order(&[("A", 4)], "2s").await;
+    // Two more copies of the same timeout: three deliveries in all.
+    app.publish_timeout(&id, "payment", 2000).await;
+    app.publish_timeout(&id, "payment", 2000).await;
+    let handled = || async {
+        app.metric(
+            "order_timeout_timeouts_handled_total",
+            &["kind=\"payment\"", "outcome=\"applied\""],
+        )
+        .await
+            + app
+                .metric(
+                    "order_timeout_timeouts_handled_total",
+                    &["kind=\"payment\"", "outcome=\"not_applicable\""],
+                )
+                .await
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "three deliveries handled",
+        || async { (handled().await >= 3.0).then_some(()) },
+    )
+    .await;
+    let order = app.get_order(&id).await;
+    assert_eq!(order["status"], "cancelled");
+    assert_eq!(order["version"], 1, "one transition only: {order}");
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 10, "reserved": 0, "sold": 0})
+    );
+    assert_eq!(
+        app.metric(
+            "order_timeout_timeouts_handled_total",
+            &["outcome=\"applied\""]
+        )
+        .await,
+        1.0
+    );
+
+    // And once more, long after: still nothing.
+    app.publish_timeout(&id, "payment", 1).await;
+    wait_until(
+        Duration::from_secs(10),
+        "fourth delivery handled",
+        || async { (handled().await >= 4.0).then_some(()) },
+    )
+    .await;
+    assert_eq!(app.get_order(&id).await["version"], 1);
+    assert_eq!(app.stock("A").await["available"], 10);
+}
+
+async fn early_message_never_cancels_early(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 3).await;
+    let id = app.order(&[("A", 1)], "4s").await;
+    // A timeout that claims the order is due in 300 ms: wrong, the database says 4 s.
+    app.publish_timeout(&id, "payment", 300).await;
+    wait_until(Duration::from_secs(5), "the early message seen", || async {
+        (app.metric(
+            "order_timeout_timeouts_handled_total",
+            &["outcome=\"not_yet_due\""],
+        )
+        .await
+            >= 1.0)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(app.get_order(&id).await["status"], "pending_payment");
+    let order = app
+        .wait_status(&id, "cancelled", Duration::from_secs(10))
+        .await;
+    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
+    assert!(
+        (0..1000).contains(&lateness),
+        "cancelled {lateness} ms after the deadline"
+    );
+    assert_eq!(app.stock("A").await["available"], 3);
+}
+
+async fn reverse_order_delays(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 10).await;
+    let long = app.order(&[("A", 1)], "60s").await;
+    let short = app.order(&[("A", 1)], "1s").await;
+    let order = app
+        .wait_status(&short, "cancelled", Duration::from_secs(5))
+        .await;
+    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
+    assert!(
+        (0..1000).contains(&lateness),
+        "short one {lateness} ms late"
+    );
+    assert_eq!(app.get_order(&long).await["status"], "pending_payment");
+    let order = app
+        .wait_status(&long, "cancelled", Duration::from_secs(70))
+        .await;
+    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
+    assert!((0..1000).contains(&lateness), "long one {lateness} ms late");
+    assert_eq!(app.stock("A").await["available"], 10);
+}
+
+async fn bad_messages_are_parked(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    let body = json!({"order_id": "123", "kind": "payment"}).to_string();
+    app.publish_raw("payment", delay(1000), b"{not json").await;
+    app.publish_raw("refund", delay(1000), br#"{"order_id":"123"}"#)
+        .await;
+    app.publish_raw("payment", FieldTable::default(), body.as_bytes())
+        .await;
+    app.publish_raw("payment", delay(0), body.as_bytes()).await;
+    app.publish_raw("payment", delay(4_294_967_296), body.as_bytes())
+        .await;
+    app.publish_timeout("999999", "payment", 100).await;
+    let mut expected: Vec<String> = [
+        "invalid_body",
+        "unknown_kind",
+        "missing_delay",
+        "invalid_delay",
+        "invalid_delay",
+        "unknown_order",
+    ]
+    .map(String::from)
+    .to_vec();
+    if mode == DelayMode::Ttl {
+        // The plugin delivers a negative delay at once with the same header it
+        // gives a delayed message, so only the router can tell this one.
+        app.publish_raw("payment", delay(-5), body.as_bytes()).await;
+        expected.push("invalid_delay".into());
+    }
+    let parked = app.names.parked();
+    wait_until(
+        Duration::from_secs(10),
+        "every bad message parked",
+        || async { (app.queue_depth(&parked).await as usize >= expected.len()).then_some(()) },
+    )
+    .await;
+    let mut got: Vec<String> = app
+        .drain_parked()
+        .await
+        .into_iter()
+        .map(|(reason, detail, _)| {
+            assert!(!detail.is_empty(), "a parked message says why");
+            reason
+        })
+        .collect();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected);
+
+    // The service keeps consuming.
+    app.put_stock("A", 1).await;
+    let id = app.order(&[("A", 1)], "1s").await;
+    app.wait_status(&id, "cancelled", Duration::from_secs(6))
+        .await;
+}
+
+/// HTTP input that is wrong gets a clear 4xx and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_errors_and_change_nothing() {
+    let app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
+    app.put_stock("A", 2).await;
+    app.put_stock("B", 1).await;
+    let post = |body: &'static str| {
+        let req = app
+            .http
+            .post(format!("{}/orders", app.base))
+            .header("content-type", "application/json")
+            .body(body);
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.unwrap();
+            assert!(
+                body["error"].as_str().is_some_and(|e| !e.is_empty()),
+                "error message: {body}"
+            );
+            status
+        }
+    };
+    assert_eq!(post("{").await, 400);
+    assert_eq!(post(r#"{"items": []}"#).await, 422);
+    assert_eq!(
+        post(r#"{"items": [{"sku": "A", "quantity": 0}]}"#).await,
+        422
+    );
+    assert_eq!(
+        post(r#"{"items": [{"sku": "A", "quantity": -1}]}"#).await,
+        422
+    );
+    assert_eq!(
+        post(r#"{"items": [{"sku": "A", "quantity": 99999999999}]}"#).await,
+        422
+    );
+    assert_eq!(
+        post(r#"{"items": [{"sku": "A", "quantity": 1}], "payment_window": "soon"}"#).await,
+        422
+    );
+    assert_eq!(
+        post(r#"{"items": [{"sku": "A", "quantity": 1}], "payment_window": "60d"}"#).await,
+        422
+    );
+    assert_eq!(
+        post(r#"{"items": [{"sku": "NOPE", "quantity": 1}]}"#).await,
+        422
+    );
+    // Short on the second line: nothing reserved on the first either.
+    assert_eq!(
+        post(r#"{"items": [{"sku": "A", "quantity": 1}, {"sku": "B", "quantity": 2}]}"#).await,
+        409
+    );
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 2, "reserved": 0, "sold": 0})
+    );
+    assert_eq!(
+        app.stock("B").await,
+        json!({"sku": "B", "available": 1, "reserved": 0, "sold": 0})
+    );
+
+    let (status, body) = app.post("424242", "pay").await;
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = app.post("not-a-number", "pay").await;
+    assert_eq!(status, 404);
+    let resp = app
+        .http
+        .get(format!("{}/orders/1", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let resp = app
+        .http
+        .delete(format!("{}/orders", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+    let resp = app
+        .http
+        .put(format!("{}/inventory/A", app.base))
+        .json(&json!({"available": -3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 422);
+    let big = format!(
+        r#"{{"items": [{{"sku": "{}", "quantity": 1}}]}}"#,
+        "x".repeat(100_000)
+    );
+    let resp = app
+        .http
+        .post(format!("{}/orders", app.base))
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_eq!(
+        app.metric("order_timeout_orders_created_total", &[]).await,
+        0.0
+    );
+}

@@ -1,0 +1,95 @@
+//! Publishers in other languages, following the README's contract, work the
+//! same as our own relay. `make test` installs their client libraries.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::helpers::*;
+
+/// The Python interpreter with pika: `ORDER_TIMEOUT_TEST_PYTHON`, else the
+/// project's `.venv` that `make test` creates.
+fn python() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("ORDER_TIMEOUT_TEST_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    venv.exists().then_some(venv)
+}
+
+fn example(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// Skips (saying why) when run outside `make test` without the client library;
+/// under `make test` (ORDER_TIMEOUT_REQUIRE_EXAMPLES=1) a missing one fails.
+fn missing(what: &str) {
+    if std::env::var("ORDER_TIMEOUT_REQUIRE_EXAMPLES").is_ok() {
+        panic!("{what} is required under make test");
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED: {what} not installed (run `make test`, which installs it)"
+    );
+}
+
+async fn publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
+    let Some(python) = python() else {
+        return missing("python with pika");
+    };
+    // The relay is off: the only timeout this order gets is the Python one.
+    let app =
+        spawn_app(Spawn::new(backend, mode).env("ORDER_TIMEOUT__RELAY__ENABLED", "false")).await;
+    app.put_stock("A", 2).await;
+    let id = app.order(&[("A", 2)], "2s").await;
+    let out = Command::new(python)
+        .arg(example("rabbitmq/examples/python/publish_timeout.py"))
+        .args([
+            "--url",
+            &app.amqp_url,
+            "--exchange",
+            app.names.entry(),
+            "--order-id",
+            &id,
+            "--delay-ms",
+            "2000",
+        ])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let order = app
+        .wait_status(&id, "cancelled", Duration::from_secs(8))
+        .await;
+    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
+    assert!(
+        (0..1000).contains(&lateness),
+        "cancelled {lateness} ms after the deadline"
+    );
+    assert_eq!(app.stock("A").await["available"], 2);
+    assert_eq!(
+        app.metric("order_timeout_outbox_published_total", &[])
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_pika_sqlite_ttl() {
+    run(Backend::Sqlite, DelayMode::Ttl, publishes_a_working_timeout).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_pika_postgres_plugin() {
+    run(
+        Backend::Postgres,
+        DelayMode::Plugin,
+        publishes_a_working_timeout,
+    )
+    .await
+}

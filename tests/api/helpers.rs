@@ -1,0 +1,586 @@
+//! The test harness: `spawn_app` starts the real service in-process on port 0,
+//! against a fresh database (SQLite file, PostgreSQL or MariaDB database) and a
+//! fresh RabbitMQ vhost, both removed when the `TestApp` drops, so tests run in
+//! parallel and leave nothing behind. Nothing here mocks the broker or SQL.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::Write;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use order_timeout::amqp::topology::Names;
+use order_timeout::amqp::wire;
+use order_timeout::app::{Application, Context};
+use order_timeout::settings::{Settings, SettingsSource};
+use sea_orm::{ConnectionTrait, Database};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub const MANAGEMENT: &str = "http://127.0.0.1:15672/api";
+pub const BROKER: &str = "amqp://guest:guest@127.0.0.1:5672";
+pub const POSTGRES_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const MARIADB_ADMIN: &str = "mysql://root@127.0.0.1:3306/mysql";
+
+/// Which database a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+    MariaDb,
+}
+
+/// Which delay mode a test runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelayMode {
+    Ttl,
+    Plugin,
+}
+
+impl DelayMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ttl => "ttl",
+            Self::Plugin => "plugin",
+        }
+    }
+}
+
+/// A running service with its own database and vhost.
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub ctx: Arc<Context>,
+    pub names: Names,
+    pub vhost: String,
+    pub amqp_url: String,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    cleanup: Option<Cleanup>,
+}
+
+/// What to remove when a test ends, whatever way it ends.
+struct Cleanup {
+    vhost: String,
+    database: DatabaseGuard,
+}
+
+enum DatabaseGuard {
+    SqliteFile(std::path::PathBuf),
+    Postgres(String),
+    MariaDb(String),
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+        .chars()
+        .take(prefix.len() + 16)
+        .collect()
+}
+
+pub fn management() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+/// Creates a vhost and gives `guest` all rights in it.
+pub async fn create_vhost(name: &str) {
+    let http = management();
+    let resp = http
+        .put(format!("{MANAGEMENT}/vhosts/{name}"))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await;
+    let resp = resp.expect("management API reachable on 15672 (make test enables the plugin)");
+    assert!(
+        resp.status().is_success(),
+        "create vhost: {}",
+        resp.status()
+    );
+    let resp = http
+        .put(format!("{MANAGEMENT}/permissions/{name}/guest"))
+        .basic_auth("guest", Some("guest"))
+        .json(&json!({"configure": ".*", "write": ".*", "read": ".*"}))
+        .send()
+        .await
+        .expect("permissions");
+    assert!(resp.status().is_success(), "permissions: {}", resp.status());
+}
+
+pub async fn delete_vhost(name: &str) {
+    let _ = management()
+        .delete(format!("{MANAGEMENT}/vhosts/{name}"))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await;
+}
+
+/// Whether the broker offers the delayed-message exchange type (asked once).
+pub async fn plugin_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    if let Some(v) = AVAILABLE.get() {
+        return *v;
+    }
+    let http = management();
+    let types: Value = http
+        .get(format!("{MANAGEMENT}/overview"))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .expect("management API")
+        .json()
+        .await
+        .expect("overview json");
+    let found = types["exchange_types"]
+        .as_array()
+        .map(|a| a.iter().any(|t| t["name"] == "x-delayed-message"))
+        .unwrap_or(false);
+    *AVAILABLE.get_or_init(|| found)
+}
+
+async fn create_database(backend: Backend) -> (String, DatabaseGuard) {
+    match backend {
+        Backend::Sqlite => {
+            let path = std::env::temp_dir().join(format!("{}.db", unique("ot-test-")));
+            (
+                format!("sqlite://{}?mode=rwc", path.display()),
+                DatabaseGuard::SqliteFile(path),
+            )
+        }
+        Backend::Postgres => {
+            let name = unique("ot_test_");
+            let admin = Database::connect(POSTGRES_ADMIN)
+                .await
+                .expect("PostgreSQL on 127.0.0.1:5432");
+            admin
+                .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                .await
+                .expect("create database");
+            admin.close().await.ok();
+            (
+                format!("postgres://postgres@127.0.0.1:5432/{name}"),
+                DatabaseGuard::Postgres(name),
+            )
+        }
+        Backend::MariaDb => {
+            let name = unique("ot_test_");
+            let admin = Database::connect(MARIADB_ADMIN)
+                .await
+                .expect("MariaDB on 127.0.0.1:3306");
+            admin
+                .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                .await
+                .expect("create database");
+            admin.close().await.ok();
+            (
+                format!("mysql://root@127.0.0.1:3306/{name}"),
+                DatabaseGuard::MariaDb(name),
+            )
+        }
+    }
+}
+
+async fn drop_database(guard: DatabaseGuard) {
+    match guard {
+        DatabaseGuard::SqliteFile(path) => {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+        DatabaseGuard::Postgres(name) => {
+            if let Ok(admin) = Database::connect(POSTGRES_ADMIN).await {
+                let _ = admin
+                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
+                admin.close().await.ok();
+            }
+        }
+        DatabaseGuard::MariaDb(name) => {
+            if let Ok(admin) = Database::connect(MARIADB_ADMIN).await {
+                let _ = admin
+                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name}"))
+                    .await;
+                admin.close().await.ok();
+            }
+        }
+    }
+}
+
+/// Options of a test app; `env` adds or overrides settings like the real environment would.
+pub struct Spawn {
+    pub backend: Backend,
+    pub mode: DelayMode,
+    pub env: Vec<(&'static str, String)>,
+}
+
+impl Spawn {
+    pub fn new(backend: Backend, mode: DelayMode) -> Self {
+        Self {
+            backend,
+            mode,
+            env: Vec::new(),
+        }
+    }
+    pub fn env(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.env.push((key, value.into()));
+        self
+    }
+}
+
+fn init_logs() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        if let Ok(level) = std::env::var("TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(level)
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
+pub async fn spawn_app(opts: Spawn) -> TestApp {
+    init_logs();
+    let vhost = unique("ot-test-");
+    create_vhost(&vhost).await;
+    let (db_url, guard) = create_database(opts.backend).await;
+    let amqp_url = format!("{BROKER}/{vhost}");
+    let mut env: HashMap<String, String> = [
+        ("ORDER_TIMEOUT__DATABASE__URL", db_url),
+        ("ORDER_TIMEOUT__AMQP__URL", amqp_url.clone()),
+        (
+            "ORDER_TIMEOUT__AMQP__DELAY_MODE",
+            opts.mode.as_str().to_string(),
+        ),
+        ("ORDER_TIMEOUT__AMQP__INSTANCE", format!("test-{vhost}")),
+        ("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:0".to_string()),
+        ("ORDER_TIMEOUT__SWEEPER__ENABLED", "false".to_string()),
+        ("ORDER_TIMEOUT__DATABASE__MAX_CONNECTIONS", "5".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for (k, v) in opts.env {
+        env.insert(k.to_string(), v);
+    }
+    let settings = Settings::load(&SettingsSource {
+        file: None,
+        env: Some(env),
+    })
+    .expect("test settings");
+    let names = Names::new(&settings.amqp.prefix);
+    let app = Application::build(settings)
+        .await
+        .expect("application builds");
+    let base = format!("http://{}", app.local_addr());
+    let ctx = app.context();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(app.run(shutdown.clone()));
+    let test = TestApp {
+        base,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        ctx,
+        names,
+        vhost: vhost.clone(),
+        amqp_url,
+        shutdown,
+        task: Some(task),
+        cleanup: Some(Cleanup {
+            vhost,
+            database: guard,
+        }),
+    };
+    // Ready means: database answers and every broker role is connected with its topology declared.
+    wait_until(Duration::from_secs(30), "service ready", || async {
+        let resp = test
+            .http
+            .get(format!("{}/readyz", test.base))
+            .send()
+            .await
+            .ok()?;
+        resp.status().is_success().then_some(())
+    })
+    .await;
+    test
+}
+
+impl TestApp {
+    pub async fn put_stock(&self, sku: &str, available: i64) -> Value {
+        let resp = self
+            .http
+            .put(format!("{}/inventory/{sku}", self.base))
+            .json(&json!({ "available": available }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "put stock");
+        resp.json().await.unwrap()
+    }
+
+    pub async fn stock(&self, sku: &str) -> Value {
+        self.http
+            .get(format!("{}/inventory/{sku}", self.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Places an order and returns (status code, body).
+    pub async fn checkout(&self, items: &[(&str, i64)], window: &str) -> (u16, Value) {
+        let items: Vec<Value> = items
+            .iter()
+            .map(|(sku, q)| json!({"sku": sku, "quantity": q}))
+            .collect();
+        let resp = self
+            .http
+            .post(format!("{}/orders", self.base))
+            .json(&json!({ "items": items, "payment_window": window }))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap())
+    }
+
+    /// Places an order that must succeed; returns its id.
+    pub async fn order(&self, items: &[(&str, i64)], window: &str) -> String {
+        let (status, body) = self.checkout(items, window).await;
+        assert_eq!(status, 201, "checkout: {body}");
+        body["id"].as_str().expect("id is a string").to_string()
+    }
+
+    pub async fn get_order(&self, id: &str) -> Value {
+        self.http
+            .get(format!("{}/orders/{id}", self.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn post(&self, id: &str, action: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(format!("{}/orders/{id}/{action}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap())
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// Sum of a metric's samples whose label text contains every fragment.
+    pub async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        let text = self.metrics().await;
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .filter(|l| labels.iter().all(|frag| l.contains(frag)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until the order has this status; returns the order.
+    pub async fn wait_status(&self, id: &str, status: &str, within: Duration) -> Value {
+        wait_until(within, &format!("order {id} becomes {status}"), || async {
+            let order = self.get_order(id).await;
+            (order["status"] == status).then_some(order)
+        })
+        .await
+    }
+
+    pub async fn amqp(&self) -> Connection {
+        Connection::connect(
+            &self.amqp_url,
+            ConnectionProperties::default().with_connection_name("test publisher".into()),
+        )
+        .await
+        .expect("test connection")
+    }
+
+    /// Publishes raw, with confirms, to the entry exchange.
+    pub async fn publish_raw(&self, routing_key: &str, headers: FieldTable, body: &[u8]) {
+        let conn = self.amqp().await;
+        let channel = conn.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let props = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_message_id(uuid::Uuid::new_v4().to_string().into())
+            .with_headers(headers);
+        let confirm = channel
+            .basic_publish(
+                self.names.entry().into(),
+                routing_key.into(),
+                BasicPublishOptions::default(),
+                body,
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+        conn.close(200, "done".into()).await.ok();
+    }
+
+    /// Publishes a contract-conforming timeout for an order.
+    pub async fn publish_timeout(&self, order_id: &str, kind: &str, delay_ms: i64) {
+        let body = json!({ "order_id": order_id, "kind": kind }).to_string();
+        self.publish_raw(kind, delay(delay_ms), body.as_bytes())
+            .await;
+    }
+
+    /// Takes every message from the parked queue: (reason, detail, body).
+    pub async fn drain_parked(&self) -> Vec<(String, String, Vec<u8>)> {
+        let conn = self.amqp().await;
+        let channel = conn.create_channel().await.unwrap();
+        let mut out = Vec::new();
+        while let Some(msg) = channel
+            .basic_get(
+                self.names.parked().as_str().into(),
+                BasicGetOptions::default(),
+            )
+            .await
+            .unwrap()
+        {
+            let headers = msg.delivery.properties.headers().as_ref();
+            out.push((
+                wire::header_text(headers, wire::X_PARKED_REASON).unwrap_or_default(),
+                wire::header_text(headers, wire::X_PARKED_DETAIL).unwrap_or_default(),
+                msg.delivery.data.clone(),
+            ));
+            msg.delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .unwrap();
+        }
+        conn.close(200, "done".into()).await.ok();
+        out
+    }
+
+    /// Messages in one of our queues, as the broker counts them.
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
+        let conn = self.amqp().await;
+        let channel = conn.create_channel().await.unwrap();
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        conn.close(200, "done".into()).await.ok();
+        q.message_count()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        if let Some(cleanup) = self.cleanup.take() {
+            // Drop cannot await; a helper thread with its own runtime does the
+            // removal, and we wait for it so nothing outlives the test.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    delete_vhost(&cleanup.vhost).await;
+                    drop_database(cleanup.database).await;
+                });
+            })
+            .join();
+        }
+    }
+}
+
+/// A header table with `x-delay`.
+pub fn delay(ms: i64) -> FieldTable {
+    let mut t = FieldTable::default();
+    t.insert(wire::X_DELAY.into(), AMQPValue::LongLongInt(ms));
+    t
+}
+
+/// Polls `check` every 25 ms until it yields a value; panics naming `what` on timeout.
+pub async fn wait_until<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if start.elapsed() > within {
+            panic!("timed out after {within:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Parses an RFC 3339 field of an order into epoch milliseconds.
+pub fn ms(order: &Value, field: &str) -> i64 {
+    let text = order[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} missing in {order}"));
+    chrono::DateTime::parse_from_rfc3339(text)
+        .unwrap()
+        .timestamp_millis()
+}
+
+/// Runs a scenario on a backend and mode; plugin mode is skipped, loudly, when
+/// the broker does not offer the exchange type.
+pub async fn run<F, Fut>(backend: Backend, mode: DelayMode, scenario: F)
+where
+    F: FnOnce(Backend, DelayMode) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if mode == DelayMode::Plugin && !plugin_available().await {
+        // Written to the process's stderr directly, so the test harness's capture
+        // does not hide it: a skipped test must say so.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED ({backend:?}, plugin mode): the broker offers no x-delayed-message exchange type (rabbitmq_delayed_message_exchange is not enabled)"
+        );
+        return;
+    }
+    scenario(backend, mode).await;
+}

@@ -1,0 +1,9 @@
+//! Integration tests: one binary, real RabbitMQ, real databases.
+//! Each test gets its own vhost and database (see `helpers`).
+
+mod helpers;
+
+mod core;
+mod examples;
+mod resilience;
+mod settings;

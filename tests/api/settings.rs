@@ -1,0 +1,125 @@
+//! The binary's contracts: a wrong setting stops start-up naming the key;
+//! `doctor` reports and exits by what it found; `schedule` publishes per the
+//! wire contract.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::helpers::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
+
+#[test]
+fn wrong_settings_stop_start_up_naming_the_key() {
+    for (var, value, key) in [
+        ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "fast", "amqp.delay_mode"),
+        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "soon", "windows.payment"),
+        ("ORDER_TIMEOUT__HTTP__BIND", "everywhere", "http.bind"),
+        ("ORDER_TIMEOUT__SWEEPER__GRACE", "-1s", "sweeper.grace"),
+        ("ORDER_TIMEOUT__AMQP__DELAYMODE", "ttl", "amqp.delaymode"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("serve")
+            .env(var, value)
+            .output()
+            .expect("binary runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {stderr}");
+        assert!(
+            stderr.contains(&format!("`{key}`")),
+            "{var}={value}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn secrets_never_reach_doctor_output() {
+    let out = Command::new(BIN)
+        .arg("doctor")
+        .env(
+            "ORDER_TIMEOUT__AMQP__URL",
+            "amqp://guest:s3cret-pw@127.0.0.1:1/%2f",
+        )
+        .env(
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://postgres:s3cret-pw@127.0.0.1:1/x",
+        )
+        .output()
+        .expect("binary runs");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "unreachable services are a problem: {all}"
+    );
+    assert!(all.contains("FAIL"), "{all}");
+    assert!(!all.contains("s3cret-pw"), "{all}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_mode_and_topology_and_schedule_publishes() {
+    let app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
+    let db_url = app.ctx.settings.database.url.expose().to_string();
+    let env = [
+        ("ORDER_TIMEOUT__AMQP__URL", app.amqp_url.clone()),
+        ("ORDER_TIMEOUT__DATABASE__URL", db_url),
+    ];
+
+    let out = Command::new(BIN)
+        .arg("doctor")
+        .envs(env.clone())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("delay mode: ttl"), "{stdout}");
+    assert!(
+        stdout.contains("topology: 27 exchanges and 28 queues declared"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(env ORDER_TIMEOUT__AMQP__URL)"),
+        "{stdout}"
+    );
+
+    app.put_stock("A", 1).await;
+    // A long window: only the CLI's message, with a short delay, arrives early and is re-delayed.
+    let id = app.order(&[("A", 1)], "2s").await;
+    let out = Command::new(BIN)
+        .args([
+            "schedule",
+            "--order-id",
+            &id,
+            "--kind",
+            "payment",
+            "--in",
+            "2s",
+        ])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    app.wait_status(&id, "cancelled", Duration::from_secs(8))
+        .await;
+    wait_until(Duration::from_secs(8), "both messages handled", || async {
+        (app.metric(
+            "order_timeout_timeouts_handled_total",
+            &["kind=\"payment\""],
+        )
+        .await
+            >= 2.0)
+            .then_some(())
+    })
+    .await;
+}
