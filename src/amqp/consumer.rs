@@ -183,7 +183,6 @@ impl KindConsumer {
             .await?;
         let batch_size = self.ctx.settings.consumer.batch_size;
         let batch_wait = self.ctx.settings.consumer.batch_wait;
-        let role = self.kind.as_str();
         let result: Result<(), Error> = loop {
             let first = tokio::select! {
                 biased;
@@ -194,54 +193,32 @@ impl KindConsumer {
                     self.held_keys.remove(&delivery.delivery_tag);
                     delivery
                 }
-                next = deliveries.next() => match next {
-                    Some(Ok(d)) => { self.ctx.events.delivery(role, d.redelivered); d }
-                    Some(Err(e)) => break Err(e.into()),
-                    None => break Err(Error::ConsumerEnded(queue.clone())),
+                next = deliveries.next() => match self.received(next) {
+                    Ok(d) => d,
+                    Err(e) => break Err(e),
                 },
             };
             let mut batch = vec![first];
-            // Take whatever is ready now ...
             let mut ended = None;
+            let until = Instant::now() + batch_wait;
             while batch.len() < batch_size {
-                match deliveries.next().now_or_never() {
-                    Some(Some(Ok(d))) => {
-                        self.ctx.events.delivery(role, d.redelivered);
-                        batch.push(d);
-                    }
-                    Some(Some(Err(e))) => {
-                        ended = Some(Error::from(e));
-                        break;
-                    }
-                    Some(None) => {
-                        ended = Some(Error::ConsumerEnded(queue.clone()));
-                        break;
+                let next = match deliveries.next().now_or_never() {
+                    // Take whatever is ready now ...
+                    Some(next) => next,
+                    // ... and, only while messages are flowing, wait a little for more.
+                    None if batch.len() > 1 && !batch_wait.is_zero() => {
+                        match tokio::time::timeout_at(until, deliveries.next()).await {
+                            Ok(next) => next,
+                            Err(_) => break,
+                        }
                     }
                     None => break,
-                }
-            }
-            // ... and, while messages are flowing, wait a little for a fuller batch.
-            if ended.is_none()
-                && batch.len() > 1
-                && batch.len() < batch_size
-                && !batch_wait.is_zero()
-            {
-                let until = Instant::now() + batch_wait;
-                while batch.len() < batch_size {
-                    match tokio::time::timeout_at(until, deliveries.next()).await {
-                        Ok(Some(Ok(d))) => {
-                            self.ctx.events.delivery(role, d.redelivered);
-                            batch.push(d);
-                        }
-                        Ok(Some(Err(e))) => {
-                            ended = Some(Error::from(e));
-                            break;
-                        }
-                        Ok(None) => {
-                            ended = Some(Error::ConsumerEnded(queue.clone()));
-                            break;
-                        }
-                        Err(_) => break,
+                };
+                match self.received(next) {
+                    Ok(d) => batch.push(d),
+                    Err(e) => {
+                        ended = Some(e);
+                        break;
                     }
                 }
             }
@@ -269,6 +246,18 @@ impl KindConsumer {
             }
         }
         result
+    }
+
+    /// Counts a delivery from the stream, or says why the stream failed.
+    fn received(&self, next: Option<Result<Delivery, lapin::Error>>) -> Result<Delivery, Error> {
+        match next {
+            Some(Ok(d)) => {
+                self.ctx.events.delivery(self.kind.as_str(), d.redelivered);
+                Ok(d)
+            }
+            Some(Err(e)) => Err(e.into()),
+            None => Err(Error::ConsumerEnded(self.ctx.names.work(self.kind))),
+        }
     }
 
     /// Decides one batch in one transaction, then acks, holds, re-delays or parks each delivery.

@@ -70,8 +70,7 @@ struct Cleanup {
 
 enum DatabaseGuard {
     SqliteFile(std::path::PathBuf),
-    Postgres(String),
-    MariaDb(String),
+    Server { backend: Backend, name: String },
 }
 
 fn unique(prefix: &str) -> String {
@@ -143,43 +142,41 @@ pub async fn plugin_available() -> bool {
     *AVAILABLE.get_or_init(|| found)
 }
 
-async fn create_database(backend: Backend) -> (String, DatabaseGuard) {
+/// The server's admin URL and the URL of a database on it, for server backends.
+fn server(backend: Backend) -> Option<(&'static str, &'static str)> {
     match backend {
-        Backend::Sqlite => {
+        Backend::Sqlite => None,
+        Backend::Postgres => Some((POSTGRES_ADMIN, "postgres://postgres@127.0.0.1:5432")),
+        Backend::MariaDb => Some((MARIADB_ADMIN, "mysql://root@127.0.0.1:3306")),
+    }
+}
+
+async fn admin(url: &str, sql: &str) {
+    let admin = Database::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{url} reachable: {e}"));
+    admin
+        .execute_unprepared(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    admin.close().await.ok();
+}
+
+async fn create_database(backend: Backend) -> (String, DatabaseGuard) {
+    match server(backend) {
+        None => {
             let path = std::env::temp_dir().join(format!("{}.db", unique("ot-test-")));
             (
                 format!("sqlite://{}?mode=rwc", path.display()),
                 DatabaseGuard::SqliteFile(path),
             )
         }
-        Backend::Postgres => {
+        Some((admin_url, base)) => {
             let name = unique("ot_test_");
-            let admin = Database::connect(POSTGRES_ADMIN)
-                .await
-                .expect("PostgreSQL on 127.0.0.1:5432");
-            admin
-                .execute_unprepared(&format!("CREATE DATABASE {name}"))
-                .await
-                .expect("create database");
-            admin.close().await.ok();
+            admin(admin_url, &format!("CREATE DATABASE {name}")).await;
             (
-                format!("postgres://postgres@127.0.0.1:5432/{name}"),
-                DatabaseGuard::Postgres(name),
-            )
-        }
-        Backend::MariaDb => {
-            let name = unique("ot_test_");
-            let admin = Database::connect(MARIADB_ADMIN)
-                .await
-                .expect("MariaDB on 127.0.0.1:3306");
-            admin
-                .execute_unprepared(&format!("CREATE DATABASE {name}"))
-                .await
-                .expect("create database");
-            admin.close().await.ok();
-            (
-                format!("mysql://root@127.0.0.1:3306/{name}"),
-                DatabaseGuard::MariaDb(name),
+                format!("{base}/{name}"),
+                DatabaseGuard::Server { backend, name },
             )
         }
     }
@@ -192,20 +189,15 @@ async fn drop_database(guard: DatabaseGuard) {
                 let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
             }
         }
-        DatabaseGuard::Postgres(name) => {
-            if let Ok(admin) = Database::connect(POSTGRES_ADMIN).await {
-                let _ = admin
-                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .await;
-                admin.close().await.ok();
-            }
-        }
-        DatabaseGuard::MariaDb(name) => {
-            if let Ok(admin) = Database::connect(MARIADB_ADMIN).await {
-                let _ = admin
-                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name}"))
-                    .await;
-                admin.close().await.ok();
+        DatabaseGuard::Server { backend, name } => {
+            // FORCE: the service's pool may still hold connections when a test fails.
+            let force = if backend == Backend::Postgres {
+                " WITH (FORCE)"
+            } else {
+                ""
+            };
+            if let Some((admin_url, _)) = server(backend) {
+                admin(admin_url, &format!("DROP DATABASE IF EXISTS {name}{force}")).await;
             }
         }
     }
