@@ -10,7 +10,7 @@ CARGO ?= cargo
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 # Integration tests mostly wait for deadlines to pass, so many run at once.
-TEST_THREADS ?= 24
+TEST_THREADS ?= 16
 
 .PHONY: run test lint unit integration readme-example services broker databases examples-deps clean
 

@@ -78,6 +78,8 @@ pub struct Context {
     pub relay_wakeup: Notify,
     /// The delay mode, resolved once (probing the broker if `auto`).
     mode: OnceCell<(Mode, String)>,
+    /// Set once the topology has been declared by this instance.
+    topology: tokio::sync::watch::Sender<bool>,
 }
 
 impl Context {
@@ -94,6 +96,7 @@ impl Context {
             health,
             relay_wakeup: Notify::new(),
             mode: OnceCell::new(),
+            topology: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -108,6 +111,18 @@ impl Context {
             })
             .await?;
         Ok(*mode)
+    }
+
+    /// Records that the topology is declared.
+    pub fn topology_declared(&self) {
+        self.topology.send_replace(true);
+    }
+
+    /// Waits until this instance has declared the topology at least once.
+    pub async fn wait_topology(&self) {
+        let mut rx = self.topology.subscribe();
+        // The sender lives as long as the context, so this cannot fail.
+        let _ = rx.wait_for(|declared| *declared).await;
     }
 
     /// The mode if already resolved.

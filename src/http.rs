@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::app::Context;
 use crate::db;
-use crate::db::store::{self, CheckoutError, NewItem, TransitionError};
+use crate::db::store::{self, Action, CheckoutError, NewItem, TransitionError};
 use crate::domain::{Millis, OrderId, OrderStatus};
 use crate::settings::parse_window;
 
@@ -110,7 +110,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .route("/inventory/{sku}", put(put_inventory).get(get_inventory))
         .route("/orders", post(create_order))
         .route("/orders/{id}", get(get_order))
-        .route("/orders/{id}/pay", post(pay_order))
+        .route("/orders/{id}/{action}", post(order_action))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -277,31 +277,59 @@ async fn create_order(
     }
 }
 
+#[derive(Deserialize)]
+struct OrderQuery {
+    /// `audit` adds the audit trail to the order.
+    include: Option<String>,
+}
+
 async fn get_order(
     State(ctx): State<Arc<Context>>,
     Path(id): Path<String>,
+    Query(query): Query<OrderQuery>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    match store::get_order(&ctx.db, id).await? {
+    let with_audit = match query.include.as_deref() {
+        None => false,
+        Some("audit") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "include={} is not known; include=audit adds the audit trail",
+                crate::domain::truncate(other, 32)
+            )));
+        }
+    };
+    match store::get_order(&ctx.db, id, with_audit).await? {
         Some(order) => Ok(Json(order).into_response()),
         None => Err(ApiError::not_found(format!("order {id} not found"))),
     }
 }
 
-async fn pay_order(
+async fn order_action(
     State(ctx): State<Arc<Context>>,
-    Path(id): Path<String>,
+    Path((id, action)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
+    let action = match action.as_str() {
+        "pay" => Action::Pay,
+        "ship" => Action::Ship,
+        "confirm" => Action::Confirm,
+        "cancel" => Action::Cancel,
+        _ => {
+            return Err(ApiError::not_found(
+                "no such endpoint (actions: pay, ship, confirm, cancel)",
+            ));
+        }
+    };
     let id = parse_id(&id)?;
-    match store::pay(&ctx.db, id, ctx.settings.windows.fulfillment, Millis::now()).await {
+    match store::act(&ctx.db, id, action, &ctx.settings.windows, Millis::now()).await {
         Ok(order) => {
+            // Pay and ship wrote an outbox row: let the relay publish it now.
             ctx.relay_wakeup.notify_one();
-            ctx.events.paid(id);
+            ctx.events.order_changed(id, action);
             Ok(Json(order).into_response())
         }
         Err(TransitionError::Conflict { order, reason }) => {
-            let late = order.status == OrderStatus::Cancelled;
-            ctx.events.payment_refused(id, order.status.as_str(), late);
+            ctx.events.action_refused(id, action, order.status);
             Err(TransitionError::Conflict { order, reason }.into())
         }
         Err(e) => Err(e.into()),

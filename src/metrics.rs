@@ -13,7 +13,17 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::amqp::wire::Park;
-use crate::domain::{OrderId, TimeoutKind};
+use crate::db::store::Action;
+use crate::domain::{OrderId, OrderStatus, TimeoutKind};
+
+fn action_name(action: Action) -> &'static str {
+    match action {
+        Action::Pay => "pay",
+        Action::Ship => "ship",
+        Action::Confirm => "confirm",
+        Action::Cancel => "cancel",
+    }
+}
 
 type Labels1 = [(&'static str, &'static str); 1];
 type Labels2 = [(&'static str, &'static str); 2];
@@ -34,7 +44,7 @@ pub struct Events {
     sweeper_catches: Family<Labels1, Counter>,
     orders_created: Counter,
     checkouts_rejected: Family<Labels1, Counter>,
-    payments: Family<Labels1, Counter>,
+    actions: Family<Labels2, Counter>,
     late_payments: Counter,
     outbox_published: Counter,
     outbox_publish_failures: Counter,
@@ -105,8 +115,12 @@ impl Events {
             "Checkouts refused, by reason",
             checkouts_rejected.clone(),
         );
-        let payments = Family::<Labels1, Counter>::default();
-        registry.register("payments", "Payment requests, by outcome", payments.clone());
+        let actions = Family::<Labels2, Counter>::default();
+        registry.register(
+            "order_actions",
+            "Client actions (pay, ship, confirm, cancel), by outcome (done, refused)",
+            actions.clone(),
+        );
         let late_payments = Counter::default();
         registry.register(
             "late_payments",
@@ -177,7 +191,7 @@ impl Events {
             sweeper_catches,
             orders_created,
             checkouts_rejected,
-            payments,
+            actions,
             late_payments,
             outbox_published,
             outbox_publish_failures,
@@ -213,21 +227,25 @@ impl Events {
         tracing::info!(reason, detail, "checkout refused");
     }
 
-    /// A payment went through.
-    pub fn paid(&self, id: OrderId) {
-        self.payments.get_or_create(&[("outcome", "paid")]).inc();
-        tracing::info!(order_id = %id, "order paid");
+    /// A client's action changed an order.
+    pub fn order_changed(&self, id: OrderId, action: Action) {
+        self.actions
+            .get_or_create(&[("action", action_name(action)), ("outcome", "done")])
+            .inc();
+        tracing::info!(order_id = %id, action = action_name(action), outcome = "done", "order changed");
     }
 
-    /// A payment arrived for an order that can no longer be paid.
-    pub fn payment_refused(&self, id: OrderId, status: &str, late: bool) {
-        let outcome = if late { "late" } else { "refused" };
-        self.payments.get_or_create(&[("outcome", outcome)]).inc();
-        if late {
+    /// A client's action was refused by the order's state. A payment refused
+    /// because the order is cancelled is a late payment: money may have been taken.
+    pub fn action_refused(&self, id: OrderId, action: Action, status: OrderStatus) {
+        self.actions
+            .get_or_create(&[("action", action_name(action)), ("outcome", "refused")])
+            .inc();
+        if action == Action::Pay && status == OrderStatus::Cancelled {
             self.late_payments.inc();
-            tracing::warn!(order_id = %id, status, "late payment: the order was cancelled by its timeout; refund it");
+            tracing::warn!(order_id = %id, status = status.as_str(), outcome = "late_payment", "late payment for a cancelled order; refund it");
         } else {
-            tracing::info!(order_id = %id, status, "payment refused");
+            tracing::info!(order_id = %id, action = action_name(action), status = status.as_str(), outcome = "refused", "action refused");
         }
     }
 

@@ -11,7 +11,7 @@ use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::Context;
-use crate::db::store::{self, ExpiryOutcome};
+use crate::db::store::{self, Cause, ExpiryOutcome};
 use crate::domain::{Millis, TimeoutKind};
 
 /// Sweeps every interval until shutdown.
@@ -41,7 +41,7 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
                 break;
             }
             let now = Millis::now();
-            let outcomes = store::expire(&ctx.db, kind, &ids, now).await?;
+            let outcomes = store::expire(&ctx.db, kind, &ids, now, Cause::Sweeper).await?;
             for (id, outcome) in &outcomes {
                 if let ExpiryOutcome::Applied { deadline } = outcome {
                     caught += 1;

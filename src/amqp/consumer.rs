@@ -34,7 +34,7 @@ use super::topology::Mode;
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Error, park_delivery, pause, publish_confirmed};
 use crate::app::Context;
-use crate::db::store::{self, ExpiryOutcome};
+use crate::db::store::{self, Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderId, TimeoutKind};
 
 /// What to do with one delivery once the database has spoken.
@@ -295,7 +295,7 @@ impl KindConsumer {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let (outcomes, now) = loop {
             let now = Millis::now();
-            match store::expire(&self.ctx.db, self.kind, &ids, now).await {
+            match store::expire(&self.ctx.db, self.kind, &ids, now, Cause::Timeout).await {
                 Ok(outcomes) => {
                     self.ctx.health.set_database(true);
                     break (outcomes, now);

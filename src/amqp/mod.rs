@@ -117,6 +117,10 @@ pub async fn pause(shutdown: &CancellationToken, d: Duration) -> bool {
     }
 }
 
+/// The role that declares the topology on each of its (re)connects: the router
+/// runs in every mode and every instance, and must exist before anything flows.
+pub const DECLARER: &str = "router";
+
 /// Runs a broker worker for ever: connect, resolve the mode, declare the topology,
 /// work until the connection fails, then reconnect with backoff. Returns when
 /// `shutdown` fires and the worker has finished what it holds.
@@ -134,9 +138,15 @@ pub async fn supervise<F, Fut>(
         let attempt = async {
             let mode = ctx.delay_mode().await?;
             let conn = connect(&ctx.settings.amqp, role).await?;
-            let channel = conn.create_channel().await?;
-            topology::declare(&channel, &ctx.names, mode).await?;
-            let _ = channel.close(200, "declared".into()).await;
+            if role == DECLARER {
+                let channel = conn.create_channel().await?;
+                topology::declare(&channel, &ctx.names, mode).await?;
+                let _ = channel.close(200, "declared".into()).await;
+                ctx.topology_declared();
+            } else {
+                // Declared once per (re)connect by the router, not by every role.
+                ctx.wait_topology().await;
+            }
             Ok::<_, lapin::Error>((Arc::new(conn), mode))
         };
         let connected = tokio::select! {

@@ -18,7 +18,8 @@
 //! level of its highest set bit. The sub-second remainder is held by the consumer.
 
 use lapin::options::{
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    ExchangeBindOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ExchangeKind};
@@ -306,6 +307,9 @@ pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(),
                 )
                 .await?;
         }
+        // About 300 bindings: sent without waiting for each reply (nowait), so
+        // declaring costs one round trip, not 300. A failed binding closes the
+        // channel, which the synchronous declare below then reports.
         for b in level_bindings(names) {
             match &b.destination {
                 Destination::Queue(q) => {
@@ -314,7 +318,7 @@ pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(),
                             q.as_str().into(),
                             b.source.as_str().into(),
                             b.key.as_str().into(),
-                            QueueBindOptions::default(),
+                            QueueBindOptions { nowait: true },
                             FieldTable::default(),
                         )
                         .await?
@@ -325,13 +329,24 @@ pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(),
                             x.as_str().into(),
                             b.source.as_str().into(),
                             b.key.as_str().into(),
-                            Default::default(),
+                            ExchangeBindOptions { nowait: true },
                             FieldTable::default(),
                         )
                         .await?
                 }
             }
         }
+        channel
+            .exchange_declare(
+                names.due().as_str().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
     }
     Ok(())
 }

@@ -126,3 +126,38 @@ pub mod outbox {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+/// `order_events`: the audit trail, one row per transition or late payment.
+pub mod order_events {
+    use sea_orm::entity::prelude::*;
+
+    /// One recorded event.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "order_events")]
+    pub struct Model {
+        /// Database-assigned id; orders events of one order.
+        #[sea_orm(primary_key)]
+        pub id: i64,
+        /// The order.
+        pub order_id: i64,
+        /// What happened: `created`, `paid`, `shipped`, `completed`, `cancelled`,
+        /// `fulfillment_overdue` or `late_payment`.
+        pub event: String,
+        /// Status before (none for `created`).
+        pub from_status: Option<String>,
+        /// Status after.
+        pub to_status: String,
+        /// `api`, `timeout` or `sweeper`.
+        pub cause: String,
+        /// When.
+        pub at_ms: i64,
+        /// A sentence for people, when there is more to say.
+        pub detail: Option<String>,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

@@ -17,8 +17,9 @@ use sea_orm::{
 };
 use serde::Serialize;
 
-use super::entities::{inventory, order_items, orders, outbox};
+use super::entities::{inventory, order_events, order_items, orders, outbox};
 use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
+use crate::settings::Windows;
 
 /// One line of a new order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +77,75 @@ pub struct OrderView {
     /// Cancellation time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cancelled_at: Option<Millis>,
+    /// The audit trail, oldest first, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Vec<AuditView>>,
+}
+
+/// One audit-trail entry as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct AuditView {
+    /// What happened.
+    pub event: String,
+    /// Status before (absent for `created`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Status after.
+    pub to: String,
+    /// `api`, `timeout` or `sweeper`.
+    pub cause: String,
+    /// When.
+    pub at: Millis,
+    /// More to say, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// What caused a change, as the audit trail records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// A client request.
+    Api,
+    /// A timeout message (or a deadline found passed by a request).
+    Timeout,
+    /// The sweeper.
+    Sweeper,
+}
+
+impl Cause {
+    /// The audit spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Timeout => "timeout",
+            Self::Sweeper => "sweeper",
+        }
+    }
+}
+
+/// A transition a client asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// `pending_payment` → `paid`, inside the payment window.
+    Pay,
+    /// `paid` → `shipped`; starts the receipt window.
+    Ship,
+    /// `shipped` → `completed`, by the buyer.
+    Confirm,
+    /// `pending_payment` → `cancelled`, by the buyer; releases the stock.
+    Cancel,
+}
+
+impl Action {
+    /// The edge of the state diagram this action walks.
+    pub fn edge(self) -> (OrderStatus, OrderStatus) {
+        match self {
+            Self::Pay => (OrderStatus::PendingPayment, OrderStatus::Paid),
+            Self::Ship => (OrderStatus::Paid, OrderStatus::Shipped),
+            Self::Confirm => (OrderStatus::Shipped, OrderStatus::Completed),
+            Self::Cancel => (OrderStatus::PendingPayment, OrderStatus::Cancelled),
+        }
+    }
 }
 
 /// Stock of one SKU, as the API shows it.
@@ -283,12 +353,17 @@ pub async fn checkout(
     }))
     .exec_without_returning(&txn)
     .await?;
-    enqueue(
+    let id = OrderId::new(order.id);
+    enqueue(&txn, id, TimeoutKind::Payment, deadline, now).await?;
+    record(
         &txn,
-        OrderId::new(order.id),
-        TimeoutKind::Payment,
-        deadline,
+        &[id],
+        "created",
+        None,
+        OrderStatus::PendingPayment,
+        Cause::Api,
         now,
+        None,
     )
     .await?;
     txn.commit().await?;
@@ -325,75 +400,190 @@ async fn enqueue(
     Ok(())
 }
 
-/// Pays an order that is `pending_payment` and still inside its window: its
-/// reserved stock becomes sold, its fulfillment deadline starts, and the
-/// fulfillment timeout is queued. A payment after the deadline loses to the
-/// timeout: the order is cancelled here, in the same way the timeout would do
-/// it, and the answer is a conflict saying so.
-pub async fn pay(
+/// Applies a client's action to an order, with its side effects, in one
+/// transaction: pay moves reserved stock to sold and starts the fulfillment
+/// window; ship starts the receipt window; cancel releases the stock. Each is a
+/// conditional update from the one status the diagram allows; when it loses, the
+/// answer is a conflict carrying the order as it is.
+///
+/// A payment after the deadline loses to the timeout even when no message has
+/// acted yet: the order is cancelled here as the timeout would cancel it, and the
+/// payment is recorded as a late payment, to be refunded.
+pub async fn act(
     db: &DatabaseConnection,
     id: OrderId,
-    fulfillment: Duration,
+    action: Action,
+    windows: &Windows,
     now: Millis,
 ) -> Result<OrderView, TransitionError> {
+    let (from, to) = action.edge();
     let txn = db.begin().await?;
-    let ship_deadline = now.plus(fulfillment);
-    let paid = orders::Entity::update_many()
-        .col_expr(
-            orders::Column::Status,
-            Expr::value(OrderStatus::Paid.as_str()),
-        )
-        .col_expr(orders::Column::PaidAtMs, Expr::value(now.0))
-        .col_expr(orders::Column::ShipDeadlineMs, Expr::value(ship_deadline.0))
+    let mut update = orders::Entity::update_many()
+        .col_expr(orders::Column::Status, Expr::value(to.as_str()))
         .col_expr(
             orders::Column::Version,
             Expr::col(orders::Column::Version).add(1),
         )
         .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
         .filter(orders::Column::Id.eq(id.get()))
-        .filter(orders::Column::Status.eq(OrderStatus::PendingPayment.as_str()))
-        .filter(orders::Column::PayDeadlineMs.gt(now.0))
-        .exec(&txn)
-        .await?;
-    if paid.rows_affected == 1 {
-        for (sku, quantity) in quantities(&txn, &[id]).await? {
-            inventory::Entity::update_many()
-                .col_expr(
-                    inventory::Column::Reserved,
-                    Expr::col(inventory::Column::Reserved).sub(quantity),
-                )
-                .col_expr(
-                    inventory::Column::Sold,
-                    Expr::col(inventory::Column::Sold).add(quantity),
-                )
-                .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
-                .filter(inventory::Column::Sku.eq(sku))
-                .exec(&txn)
-                .await?;
+        .filter(orders::Column::Status.eq(from.as_str()));
+    let mut timeout = None;
+    update = match action {
+        Action::Pay => {
+            let deadline = now.plus(windows.fulfillment);
+            timeout = Some((TimeoutKind::Fulfillment, deadline));
+            update
+                .col_expr(orders::Column::PaidAtMs, Expr::value(now.0))
+                .col_expr(orders::Column::ShipDeadlineMs, Expr::value(deadline.0))
+                .filter(orders::Column::PayDeadlineMs.gt(now.0))
         }
-        enqueue(&txn, id, TimeoutKind::Fulfillment, ship_deadline, now).await?;
+        Action::Ship => {
+            let deadline = now.plus(windows.receipt);
+            timeout = Some((TimeoutKind::Receipt, deadline));
+            update
+                .col_expr(orders::Column::ShippedAtMs, Expr::value(now.0))
+                .col_expr(orders::Column::ConfirmDeadlineMs, Expr::value(deadline.0))
+        }
+        Action::Confirm => update.col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
+        Action::Cancel => update.col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
+    };
+    if update.exec(&txn).await?.rows_affected == 1 {
+        match action {
+            Action::Pay => move_stock(&txn, &[id], Stock::Reserved, Stock::Sold, now).await?,
+            Action::Cancel => {
+                move_stock(&txn, &[id], Stock::Reserved, Stock::Available, now).await?
+            }
+            Action::Ship | Action::Confirm => {}
+        }
+        if let Some((kind, deadline)) = timeout {
+            enqueue(&txn, id, kind, deadline, now).await?;
+        }
+        record(
+            &txn,
+            &[id],
+            to.as_str(),
+            Some(from),
+            to,
+            Cause::Api,
+            now,
+            None,
+        )
+        .await?;
         let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
         txn.commit().await?;
         return Ok(order);
     }
-    // Lost: either the window already closed (apply the timeout now) or the order
-    // is past paying. The expiry is itself conditional, so it is safe against a
-    // consumer doing the same at the same moment.
-    let expired = apply_expiry(&txn, TimeoutKind::Payment, &[id], now).await?;
+    if action == Action::Pay {
+        // The window may have closed with no message yet: apply the timeout now.
+        // It is conditional too, so a consumer doing the same at once is harmless.
+        apply_expiry(&txn, TimeoutKind::Payment, &[id], now, Cause::Timeout).await?;
+    }
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
-    txn.commit().await?;
-    let reason = if !expired.is_empty() || order.status == OrderStatus::Cancelled {
+    let reason = if action == Action::Pay && order.status == OrderStatus::Cancelled {
+        let detail = format!(
+            "payment at {} for an order cancelled at {}; refund it",
+            now.to_rfc3339(),
+            order
+                .cancelled_at
+                .unwrap_or(order.pay_deadline)
+                .to_rfc3339()
+        );
+        let status = OrderStatus::Cancelled;
+        let late = Some(detail.as_str());
+        record(
+            &txn,
+            &[id],
+            "late_payment",
+            Some(status),
+            status,
+            Cause::Api,
+            now,
+            late,
+        )
+        .await?;
         format!(
             "the payment window closed at {}; a refund is due if money was taken",
             order.pay_deadline.to_rfc3339()
         )
     } else {
-        "only a pending_payment order can be paid".to_string()
+        format!("only a {from} order can become {to}")
     };
+    txn.commit().await?;
     Err(TransitionError::Conflict {
         order: Box::new(order),
         reason,
     })
+}
+
+/// Writes audit rows, in the caller's transaction.
+#[allow(clippy::too_many_arguments)]
+async fn record(
+    txn: &DatabaseTransaction,
+    ids: &[OrderId],
+    event: &str,
+    from: Option<OrderStatus>,
+    to: OrderStatus,
+    cause: Cause,
+    now: Millis,
+    detail: Option<&str>,
+) -> Result<(), DbErr> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let rows = ids.iter().map(|id| order_events::ActiveModel {
+        order_id: Set(id.get()),
+        event: Set(event.to_string()),
+        from_status: Set(from.map(|f| f.as_str().to_string())),
+        to_status: Set(to.as_str().to_string()),
+        cause: Set(cause.as_str().to_string()),
+        at_ms: Set(now.0),
+        detail: Set(detail.map(|d| crate::domain::truncate(d, 250))),
+        ..Default::default()
+    });
+    order_events::Entity::insert_many(rows)
+        .exec_without_returning(txn)
+        .await?;
+    Ok(())
+}
+
+/// The three stock columns.
+#[derive(Debug, Clone, Copy)]
+enum Stock {
+    Available,
+    Reserved,
+    Sold,
+}
+
+impl Stock {
+    fn column(self) -> inventory::Column {
+        match self {
+            Self::Available => inventory::Column::Available,
+            Self::Reserved => inventory::Column::Reserved,
+            Self::Sold => inventory::Column::Sold,
+        }
+    }
+}
+
+/// Moves the quantities of some orders' items from one stock column to another,
+/// SKU by SKU in SKU order (the lock order of every stock update, so concurrent
+/// transactions cannot deadlock on inventory rows).
+async fn move_stock(
+    txn: &DatabaseTransaction,
+    ids: &[OrderId],
+    from: Stock,
+    to: Stock,
+    now: Millis,
+) -> Result<(), DbErr> {
+    for (sku, quantity) in quantities(txn, ids).await? {
+        inventory::Entity::update_many()
+            .col_expr(from.column(), Expr::col(from.column()).sub(quantity))
+            .col_expr(to.column(), Expr::col(to.column()).add(quantity))
+            .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
+            .filter(inventory::Column::Sku.eq(sku))
+            .exec(txn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Applies the timeout of `kind` to each order whose deadline has passed by
@@ -403,9 +593,10 @@ pub async fn expire(
     kind: TimeoutKind,
     ids: &[OrderId],
     now: Millis,
+    cause: Cause,
 ) -> Result<HashMap<OrderId, ExpiryOutcome>, DbErr> {
     let txn = db.begin().await?;
-    let applied = apply_expiry(&txn, kind, ids, now).await?;
+    let applied = apply_expiry(&txn, kind, ids, now, cause).await?;
     let mut outcomes: HashMap<OrderId, ExpiryOutcome> = applied
         .into_iter()
         .map(|(id, deadline)| (id, ExpiryOutcome::Applied { deadline }))
@@ -445,13 +636,15 @@ fn not_flagged(kind: TimeoutKind, order: &orders::Model) -> bool {
     kind != TimeoutKind::Fulfillment || order.fulfillment_overdue_at_ms.is_none()
 }
 
-/// The conditional update of a timeout, plus its side effects (stock release for
-/// a payment timeout). Returns the ids it changed with their deadlines.
+/// The conditional update of a timeout, its side effects (stock release for a
+/// payment timeout) and its audit rows. Returns the ids it changed with their
+/// deadlines.
 async fn apply_expiry(
     txn: &DatabaseTransaction,
     kind: TimeoutKind,
     ids: &[OrderId],
     now: Millis,
+    cause: Cause,
 ) -> Result<Vec<(OrderId, Millis)>, DbErr> {
     if ids.is_empty() {
         return Ok(Vec::new());
@@ -465,32 +658,41 @@ async fn apply_expiry(
         .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
         .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
         .filter(deadline.lte(now.0));
-    update = match kind {
-        TimeoutKind::Payment => update
-            .col_expr(
-                orders::Column::Status,
-                Expr::value(OrderStatus::Cancelled.as_str()),
-            )
-            .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
-        TimeoutKind::Fulfillment => update
+    let (event, to) = match kind {
+        TimeoutKind::Payment => {
+            update = update
+                .col_expr(
+                    orders::Column::Status,
+                    Expr::value(OrderStatus::Cancelled.as_str()),
+                )
+                .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0));
+            ("cancelled", OrderStatus::Cancelled)
+        }
+        TimeoutKind::Fulfillment => {
             // Flagged, not cancelled: the goods are paid for; people must act.
-            .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
-            .filter(orders::Column::FulfillmentOverdueAtMs.is_null()),
-        TimeoutKind::Receipt => update
-            .col_expr(
-                orders::Column::Status,
-                Expr::value(OrderStatus::Completed.as_str()),
-            )
-            .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
+            update = update
+                .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
+                .filter(orders::Column::FulfillmentOverdueAtMs.is_null());
+            ("fulfillment_overdue", OrderStatus::Paid)
+        }
+        TimeoutKind::Receipt => {
+            update = update
+                .col_expr(
+                    orders::Column::Status,
+                    Expr::value(OrderStatus::Completed.as_str()),
+                )
+                .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0));
+            ("completed", OrderStatus::Completed)
+        }
     };
     let mut applied = Vec::new();
     if txn.support_returning() {
         let raw: Vec<i64> = ids.iter().map(|i| i.get()).collect();
-        for order in update
+        let changed = update
             .filter(orders::Column::Id.is_in(raw))
             .exec_with_returning(txn)
-            .await?
-        {
+            .await?;
+        for order in changed {
             if let Some(d) = deadline_of(kind, &order) {
                 applied.push((OrderId::new(order.id), d));
             }
@@ -513,24 +715,21 @@ async fn apply_expiry(
             }
         }
     }
-    if kind == TimeoutKind::Payment && !applied.is_empty() {
-        let changed: Vec<OrderId> = applied.iter().map(|(id, _)| *id).collect();
-        for (sku, quantity) in quantities(txn, &changed).await? {
-            inventory::Entity::update_many()
-                .col_expr(
-                    inventory::Column::Available,
-                    Expr::col(inventory::Column::Available).add(quantity),
-                )
-                .col_expr(
-                    inventory::Column::Reserved,
-                    Expr::col(inventory::Column::Reserved).sub(quantity),
-                )
-                .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
-                .filter(inventory::Column::Sku.eq(sku))
-                .exec(txn)
-                .await?;
-        }
+    let changed: Vec<OrderId> = applied.iter().map(|(id, _)| *id).collect();
+    if kind == TimeoutKind::Payment {
+        move_stock(txn, &changed, Stock::Reserved, Stock::Available, now).await?;
     }
+    record(
+        txn,
+        &changed,
+        event,
+        Some(kind.acts_on()),
+        to,
+        cause,
+        now,
+        None,
+    )
+    .await?;
     Ok(applied)
 }
 
@@ -578,9 +777,38 @@ pub async fn overdue(
     Ok(ids.into_iter().map(OrderId::new).collect())
 }
 
-/// One order with its items.
-pub async fn get_order(db: &DatabaseConnection, id: OrderId) -> Result<Option<OrderView>, DbErr> {
-    load(db, id).await
+/// One order with its items, and its audit trail when asked.
+pub async fn get_order(
+    db: &DatabaseConnection,
+    id: OrderId,
+    with_audit: bool,
+) -> Result<Option<OrderView>, DbErr> {
+    let Some(mut order) = load(db, id).await? else {
+        return Ok(None);
+    };
+    if with_audit {
+        order.audit = Some(audit(db, id).await?);
+    }
+    Ok(Some(order))
+}
+
+/// An order's audit trail, oldest first.
+pub async fn audit<C: ConnectionTrait>(db: &C, id: OrderId) -> Result<Vec<AuditView>, DbErr> {
+    Ok(order_events::Entity::find()
+        .filter(order_events::Column::OrderId.eq(id.get()))
+        .order_by_asc(order_events::Column::Id)
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|e| AuditView {
+            event: e.event,
+            from: e.from_status,
+            to: e.to_status,
+            cause: e.cause,
+            at: Millis(e.at_ms),
+            detail: e.detail,
+        })
+        .collect())
 }
 
 async fn load<C: ConnectionTrait>(db: &C, id: OrderId) -> Result<Option<OrderView>, DbErr> {
@@ -618,6 +846,7 @@ fn view(o: orders::Model, items: Vec<ItemView>) -> OrderView {
         confirm_deadline: o.confirm_deadline_ms.map(Millis),
         completed_at: o.completed_at_ms.map(Millis),
         cancelled_at: o.cancelled_at_ms.map(Millis),
+        audit: None,
     }
 }
 

@@ -291,7 +291,9 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
         }),
     };
     // Ready means: database answers and every broker role is connected with its topology declared.
-    wait_until(Duration::from_secs(30), "service ready", || async {
+    // Generous: with dozens of tests starting at once, the broker declares
+    // thousands of queues and bindings before every app is ready.
+    wait_until(Duration::from_secs(120), "service ready", || async {
         let resp = test
             .http
             .get(format!("{}/readyz", test.base))
@@ -443,6 +445,21 @@ impl TestApp {
         conn.close(200, "done".into()).await.ok();
     }
 
+    /// A publisher that keeps its connection, for tests that publish a lot.
+    pub async fn publisher(&self) -> Publisher {
+        let conn = self.amqp().await;
+        let channel = conn.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        Publisher {
+            _conn: conn,
+            channel,
+            exchange: self.names.entry().to_string(),
+        }
+    }
+
     /// Publishes a contract-conforming timeout for an order.
     pub async fn publish_timeout(&self, order_id: &str, kind: &str, delay_ms: i64) {
         let body = json!({ "order_id": order_id, "kind": kind }).to_string();
@@ -575,4 +592,37 @@ where
         return;
     }
     scenario(backend, mode).await;
+}
+
+/// A confirm-mode channel on its own connection.
+pub struct Publisher {
+    _conn: Connection,
+    channel: lapin::Channel,
+    exchange: String,
+}
+
+impl Publisher {
+    /// Publishes a contract-conforming timeout and waits for the broker's ack.
+    pub async fn timeout(&self, order_id: &str, kind: &str, delay_ms: i64) {
+        let body = json!({ "order_id": order_id, "kind": kind }).to_string();
+        let props = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_message_id(uuid::Uuid::new_v4().to_string().into())
+            .with_headers(delay(delay_ms));
+        let confirm = self
+            .channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                kind.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+    }
 }

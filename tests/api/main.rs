@@ -5,5 +5,6 @@ mod helpers;
 
 mod core;
 mod examples;
+mod lifecycle;
 mod resilience;
 mod settings;

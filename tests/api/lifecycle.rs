@@ -1,0 +1,669 @@
+//! The whole order lifecycle (issue 3): fulfillment and receipt deadlines, buyer
+//! cancel, refused transitions, the audit trail, the sweeper, a payment/timeout
+//! race, and a randomized interleaving checked against the conservation law.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use order_timeout::domain::OrderStatus;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+use crate::helpers::*;
+
+/// Short windows for every stage.
+fn short(backend: Backend, mode: DelayMode) -> Spawn {
+    Spawn::new(backend, mode)
+        .env("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "2s")
+        .env("ORDER_TIMEOUT__WINDOWS__RECEIPT", "2s")
+}
+
+/// The events of an order's audit trail.
+async fn trail(app: &TestApp, id: &str) -> Vec<Value> {
+    let resp = app
+        .http
+        .get(format!("{}/orders/{id}?include=audit", app.base))
+        .send()
+        .await
+        .unwrap();
+    let order: Value = resp.json().await.unwrap();
+    order["audit"]
+        .as_array()
+        .unwrap_or_else(|| panic!("audit missing: {order}"))
+        .clone()
+}
+
+fn events(trail: &[Value]) -> Vec<String> {
+    trail
+        .iter()
+        .map(|e| {
+            format!(
+                "{}/{}",
+                e["event"].as_str().unwrap(),
+                e["cause"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+macro_rules! matrix {
+    ($name:ident) => {
+        mod $name {
+            use crate::helpers::{Backend, DelayMode, run};
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite_ttl() {
+                run(Backend::Sqlite, DelayMode::Ttl, super::$name).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_ttl() {
+                run(Backend::Postgres, DelayMode::Ttl, super::$name).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_plugin() {
+                run(Backend::Postgres, DelayMode::Plugin, super::$name).await
+            }
+        }
+    };
+}
+
+matrix!(every_timeout_end_to_end);
+matrix!(buyer_actions_and_refusals);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_timeout_end_to_end_mariadb() {
+    every_timeout_end_to_end(Backend::MariaDb, DelayMode::Ttl).await
+}
+
+async fn every_timeout_end_to_end(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(short(backend, mode)).await;
+    app.put_stock("A", 10).await;
+    // Payment: covered in core; here the fulfillment and receipt deadlines.
+    let unshipped = app.order(&[("A", 1)], "10m").await;
+    let shipped = app.order(&[("A", 1)], "10m").await;
+    for id in [&unshipped, &shipped] {
+        assert_eq!(app.post(id, "pay").await.0, 200);
+    }
+    let (status, body) = app.post(&shipped, "ship").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["confirm_deadline"].is_string(), "{body}");
+
+    // Fulfillment: the unshipped order is flagged (still paid), not cancelled.
+    let flagged = wait_until(
+        Duration::from_secs(8),
+        "fulfillment overdue flag",
+        || async {
+            let order = app.get_order(&unshipped).await;
+            order["fulfillment_overdue_at"].is_string().then_some(order)
+        },
+    )
+    .await;
+    assert_eq!(flagged["status"], "paid");
+    let lateness = ms(&flagged, "fulfillment_overdue_at") - ms(&flagged, "ship_deadline");
+    assert!(
+        (0..1000).contains(&lateness),
+        "flagged {lateness} ms after the deadline"
+    );
+
+    // Receipt: the shipped order the buyer never confirmed completes by itself.
+    let done = app
+        .wait_status(&shipped, "completed", Duration::from_secs(8))
+        .await;
+    let lateness = ms(&done, "completed_at") - ms(&done, "confirm_deadline");
+    assert!(
+        (0..1000).contains(&lateness),
+        "completed {lateness} ms after the deadline"
+    );
+    // It shipped inside its fulfillment window, so its fulfillment timeout did nothing.
+    assert!(done.get("fulfillment_overdue_at").is_none(), "{done}");
+
+    assert_eq!(
+        events(&trail(&app, &unshipped).await),
+        ["created/api", "paid/api", "fulfillment_overdue/timeout"]
+    );
+    assert_eq!(
+        events(&trail(&app, &shipped).await),
+        [
+            "created/api",
+            "paid/api",
+            "shipped/api",
+            "completed/timeout"
+        ]
+    );
+    let applied = |kind: &'static str| {
+        let app = &app;
+        async move {
+            app.metric(
+                "order_timeout_timeouts_handled_total",
+                &[&format!("kind=\"{kind}\""), "outcome=\"applied\""],
+            )
+            .await
+        }
+    };
+    assert_eq!(applied("fulfillment").await, 1.0);
+    assert_eq!(applied("receipt").await, 1.0);
+    assert_eq!(app.stock("A").await["sold"], 2);
+}
+
+async fn buyer_actions_and_refusals(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(short(backend, mode)).await;
+    app.put_stock("A", 10).await;
+
+    // Buyer cancel releases the stock; the later payment timeout is a no-op.
+    let cancelled = app.order(&[("A", 3)], "2s").await;
+    let (status, body) = app.post(&cancelled, "cancel").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "cancelled");
+    assert_eq!(app.stock("A").await["available"], 10);
+    wait_until(
+        Duration::from_secs(8),
+        "the cancelled order's timeout handled",
+        || async {
+            let n = app
+                .metric(
+                    "order_timeout_timeouts_handled_total",
+                    &["kind=\"payment\"", "outcome=\"not_applicable\""],
+                )
+                .await;
+            (n >= 1.0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(app.get_order(&cancelled).await["version"], 1);
+    assert_eq!(
+        events(&trail(&app, &cancelled).await),
+        ["created/api", "cancelled/api"]
+    );
+
+    // A late payment on it: 409, recorded for a refund.
+    let (status, body) = app.post(&cancelled, "pay").await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (409, Some("cancelled")),
+        "{body}"
+    );
+    let last = trail(&app, &cancelled).await.pop().unwrap();
+    assert_eq!(last["event"], "late_payment");
+    assert!(
+        last["detail"].as_str().unwrap().contains("refund"),
+        "{last}"
+    );
+    assert_eq!(
+        app.metric("order_timeout_late_payments_total", &[]).await,
+        1.0
+    );
+
+    // Transitions the diagram forbids are refused, naming the status, changing nothing.
+    let paid = app.order(&[("A", 1)], "10m").await;
+    assert_eq!(app.post(&paid, "pay").await.0, 200);
+    for (action, status) in [("cancel", "paid"), ("confirm", "paid"), ("pay", "paid")] {
+        let (code, body) = app.post(&paid, action).await;
+        assert_eq!(
+            (code, body["status"].as_str()),
+            (409, Some(status)),
+            "{action}: {body}"
+        );
+        assert!(body["error"].as_str().unwrap().contains(status), "{body}");
+    }
+    let pending = app.order(&[("A", 1)], "10m").await;
+    for action in ["ship", "confirm"] {
+        let (code, body) = app.post(&pending, action).await;
+        assert_eq!(
+            (code, body["status"].as_str()),
+            (409, Some("pending_payment")),
+            "{action}: {body}"
+        );
+    }
+    assert_eq!(app.post(&paid, "ship").await.0, 200);
+    assert_eq!(app.post(&paid, "ship").await.0, 409);
+    let (code, body) = app.post(&paid, "confirm").await;
+    assert_eq!(
+        (code, body["status"].as_str()),
+        (200, Some("completed")),
+        "{body}"
+    );
+    for action in ["cancel", "confirm", "ship", "pay"] {
+        assert_eq!(
+            app.post(&paid, action).await.0,
+            409,
+            "{action} on a completed order"
+        );
+    }
+    assert_eq!(app.post(&paid, "refund").await.0, 404);
+    // A shipped-then-completed order is neither flagged nor completed twice by its timeouts.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let order = app.get_order(&paid).await;
+    assert!(order.get("fulfillment_overdue_at").is_none(), "{order}");
+    assert_eq!(order["version"], 3);
+    assert_eq!(
+        events(&trail(&app, &paid).await),
+        ["created/api", "paid/api", "shipped/api", "completed/api"]
+    );
+    assert_eq!(app.get_order(&pending).await["status"], "pending_payment");
+    assert_eq!(
+        app.stock("A").await,
+        serde_json::json!({"sku": "A", "available": 8, "reserved": 1, "sold": 1})
+    );
+}
+
+/// Deletes every message in every queue of the vhost: the broker "lost" them.
+async fn purge_all(vhost: &str) -> usize {
+    let http = management();
+    let queues: Vec<Value> = http
+        .get(format!("{MANAGEMENT}/queues/{vhost}"))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for q in &queues {
+        let name = q["name"].as_str().unwrap();
+        let resp = http
+            .delete(format!("{MANAGEMENT}/queues/{vhost}/{name}/contents"))
+            .basic_auth("guest", Some("guest"))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            resp.status().is_success(),
+            "purge {name}: {}",
+            resp.status()
+        );
+    }
+    queues.len()
+}
+
+async fn sweeper_catches_what_the_broker_lost(backend: Backend) {
+    // Windows long enough that every timer is still in the broker when it is purged.
+    let app = spawn_app(
+        Spawn::new(backend, DelayMode::Ttl)
+            .env("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "8s")
+            .env("ORDER_TIMEOUT__WINDOWS__RECEIPT", "8s")
+            .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
+            .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "1s")
+            .env("ORDER_TIMEOUT__SWEEPER__GRACE", "1s"),
+    )
+    .await;
+    app.put_stock("A", 100).await;
+    let mut unpaid = Vec::new();
+    let mut paid = Vec::new();
+    let mut shipped = Vec::new();
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        unpaid.push(app.order(&[("A", 1)], "8s").await);
+        let p = app.order(&[("A", 2)], "10m").await;
+        assert_eq!(app.post(&p, "pay").await.0, 200);
+        paid.push(p);
+        let s = app.order(&[("A", 1)], "10m").await;
+        assert_eq!(app.post(&s, "pay").await.0, 200);
+        assert_eq!(app.post(&s, "ship").await.0, 200);
+        shipped.push(s);
+    }
+    // Every timeout is in the broker (the outbox is empty), then the broker loses them all.
+    wait_until(Duration::from_secs(10), "outbox drained", || async {
+        (app.metric("order_timeout_outbox_published_total", &[])
+            .await
+            >= 40.0)
+            .then_some(())
+    })
+    .await;
+    assert!(purge_all(&app.vhost).await >= 28);
+    assert!(
+        started.elapsed() < Duration::from_secs(7),
+        "setup took {:?}: some timers may have fired before the purge",
+        started.elapsed()
+    );
+
+    // interval + grace after each deadline (all ≤ 8 s from the start), with slack for the sweep.
+    let within = Duration::from_secs(8 + 1 + 1 + 3);
+    for id in &unpaid {
+        app.wait_status(id, "cancelled", within).await;
+    }
+    for id in &shipped {
+        app.wait_status(id, "completed", within).await;
+    }
+    for id in &paid {
+        wait_until(within, "fulfillment flag by the sweeper", || async {
+            app.get_order(id).await["fulfillment_overdue_at"]
+                .is_string()
+                .then_some(())
+        })
+        .await;
+    }
+    for kind in ["payment", "fulfillment", "receipt"] {
+        let caught = app
+            .metric(
+                "order_timeout_sweeper_catches_total",
+                &[&format!("kind=\"{kind}\"")],
+            )
+            .await;
+        assert_eq!(caught, 10.0, "{kind} catches");
+    }
+    assert_eq!(
+        events(&trail(&app, &unpaid[0]).await),
+        ["created/api", "cancelled/sweeper"]
+    );
+    assert_eq!(app.stock("A").await["available"], 100 - 30);
+    assert_eq!(app.stock("A").await["reserved"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeper_catches_what_the_broker_lost_sqlite() {
+    sweeper_catches_what_the_broker_lost(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeper_catches_what_the_broker_lost_postgres() {
+    sweeper_catches_what_the_broker_lost(Backend::Postgres).await
+}
+
+const SKUS: [&str; 4] = ["R1", "R2", "R3", "R4"];
+const STOCK: i64 = 10_000;
+
+/// For every SKU, available + reserved + sold equals what was stocked.
+async fn assert_conserved(app: &TestApp) -> HashMap<String, Value> {
+    let mut all = HashMap::new();
+    for sku in SKUS {
+        let s = app.stock(sku).await;
+        let total = s["available"].as_i64().unwrap()
+            + s["reserved"].as_i64().unwrap()
+            + s["sold"].as_i64().unwrap();
+        assert_eq!(total, STOCK, "conservation broken for {sku}: {s}");
+        assert!(
+            s["available"].as_i64().unwrap() >= 0 && s["reserved"].as_i64().unwrap() >= 0,
+            "{s}"
+        );
+        all.insert(sku.to_string(), s);
+    }
+    all
+}
+
+/// Each audit trail is a legal walk through the state diagram ending where the order is.
+fn assert_legal(order: &Value, trail: &[Value]) {
+    let first = &trail[0];
+    assert_eq!(
+        (first["event"].as_str(), first["to"].as_str()),
+        (Some("created"), Some("pending_payment")),
+        "{order}"
+    );
+    let mut at = OrderStatus::PendingPayment;
+    let mut flagged = false;
+    for e in &trail[1..] {
+        let from: OrderStatus = e["from"].as_str().unwrap().parse().unwrap();
+        let to: OrderStatus = e["to"].as_str().unwrap().parse().unwrap();
+        assert_eq!(
+            from, at,
+            "event {e} does not start where the order was, in {trail:?}"
+        );
+        match e["event"].as_str().unwrap() {
+            "fulfillment_overdue" => {
+                assert!(
+                    from == OrderStatus::Paid && to == from && !flagged,
+                    "bad flag {e} in {trail:?}"
+                );
+                flagged = true;
+            }
+            "late_payment" => assert!(
+                from == OrderStatus::Cancelled && to == from,
+                "bad late payment {e}"
+            ),
+            _ => assert!(from.can_become(to), "illegal transition {e} in {trail:?}"),
+        }
+        at = to;
+    }
+    assert_eq!(
+        order["status"].as_str(),
+        Some(at.as_str()),
+        "final status differs from the trail: {trail:?}"
+    );
+}
+
+async fn payment_and_timeout_race(backend: Backend) {
+    let app = Arc::new(spawn_app(Spawn::new(backend, DelayMode::Ttl)).await);
+    for sku in SKUS {
+        app.put_stock(sku, STOCK).await;
+    }
+    // 500 orders with the same deadline.
+    let deadline = chrono::Utc::now().timestamp_millis() + 12_000;
+    let ids: Vec<(String, Vec<(&str, i64)>)> = join_all((0..500).map(|i| {
+        let app = app.clone();
+        async move {
+            let items: Vec<(&str, i64)> =
+                vec![(SKUS[i % 4], 1 + (i % 3) as i64), (SKUS[(i + 1) % 4], 1)];
+            let window = format!("{}ms", deadline - chrono::Utc::now().timestamp_millis());
+            (app.order(&items, &window).await, items)
+        }
+    }))
+    .await;
+    // Fire every payment at the deadline, as the timeouts fire.
+    let wait = deadline - chrono::Utc::now().timestamp_millis() - 30;
+    assert!(
+        wait > 0,
+        "checkout of 500 orders took longer than the window"
+    );
+    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    let answers: Vec<(u16, Value)> = join_all(ids.iter().map(|(id, _)| {
+        let app = app.clone();
+        let id = id.clone();
+        async move { app.post(&id, "pay").await }
+    }))
+    .await;
+
+    let mut sold_expected: HashMap<&str, i64> = HashMap::new();
+    let (mut paid, mut cancelled) = (0, 0);
+    for ((id, items), (code, body)) in ids.iter().zip(&answers) {
+        let order = app
+            .wait_status(
+                id,
+                if *code == 200 { "paid" } else { "cancelled" },
+                Duration::from_secs(20),
+            )
+            .await;
+        match code {
+            200 => {
+                paid += 1;
+                for (sku, q) in items {
+                    *sold_expected.entry(sku).or_default() += q;
+                }
+            }
+            409 => {
+                cancelled += 1;
+                assert_eq!(body["status"], "cancelled", "{body}");
+            }
+            other => panic!("pay answered {other}: {body}"),
+        }
+        let trail = trail(&app, id).await;
+        assert_legal(&order, &trail);
+        let terminal: Vec<_> = trail
+            .iter()
+            .filter(|e| e["event"] == "paid" || e["event"] == "cancelled")
+            .collect();
+        assert_eq!(
+            terminal.len(),
+            1,
+            "paid or cancelled, never both: {trail:?}"
+        );
+    }
+    assert_eq!(paid + cancelled, 500);
+    eprintln!("race: {paid} paid, {cancelled} cancelled");
+    // Every timeout has come through (applied to the unpaid, a no-op for the paid).
+    wait_until(
+        Duration::from_secs(20),
+        "all 500 timeouts handled",
+        || async {
+            let applied = app
+                .metric(
+                    "order_timeout_timeouts_handled_total",
+                    &["kind=\"payment\"", "outcome=\"applied\""],
+                )
+                .await;
+            let noop = app
+                .metric(
+                    "order_timeout_timeouts_handled_total",
+                    &["kind=\"payment\"", "outcome=\"not_applicable\""],
+                )
+                .await;
+            (applied + noop >= 500.0).then_some(())
+        },
+    )
+    .await;
+    let stock = assert_conserved(&app).await;
+    for sku in SKUS {
+        assert_eq!(stock[sku]["reserved"], 0, "{sku}: {}", stock[sku]);
+        assert_eq!(
+            stock[sku]["sold"],
+            sold_expected.get(sku).copied().unwrap_or(0),
+            "{sku}"
+        );
+    }
+    assert_eq!(
+        app.metric("order_timeout_late_payments_total", &[]).await,
+        cancelled as f64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payment_and_timeout_race_postgres() {
+    payment_and_timeout_race(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payment_and_timeout_race_sqlite() {
+    payment_and_timeout_race(Backend::Sqlite).await
+}
+
+/// Operations each of the six workers performs.
+const OPS_PER_WORKER: usize = 80;
+
+async fn randomized_interleaving(backend: Backend) {
+    let seed: u64 = std::env::var("TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("randomized_interleaving({backend:?}): TEST_SEED={seed}");
+    let app = Arc::new(
+        spawn_app(
+            short(backend, DelayMode::Ttl)
+                .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
+                .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "700ms")
+                .env("ORDER_TIMEOUT__SWEEPER__GRACE", "0s"),
+        )
+        .await,
+    );
+    for sku in SKUS {
+        app.put_stock(sku, STOCK).await;
+    }
+    let orders = Arc::new(tokio::sync::Mutex::new(Vec::<String>::new()));
+    let workers = (0..6).map(|w| {
+        let app = app.clone();
+        let orders = orders.clone();
+        async move {
+            let mut rng = StdRng::seed_from_u64(seed.wrapping_add(w));
+            let publisher = app.publisher().await;
+            for _ in 0..OPS_PER_WORKER {
+                let known = orders.lock().await.clone();
+                let pick =
+                    |rng: &mut StdRng| known.get(rng.random_range(0..known.len().max(1))).cloned();
+                match rng.random_range(0..10) {
+                    0..=2 => {
+                        let items = vec![(SKUS[rng.random_range(0..4)], rng.random_range(1..4))];
+                        let window = format!("{}ms", rng.random_range(500..2500));
+                        let (code, body) = app.checkout(&items, &window).await;
+                        assert_eq!(code, 201, "{body}");
+                        orders
+                            .lock()
+                            .await
+                            .push(body["id"].as_str().unwrap().to_string());
+                    }
+                    n @ 3..=6 => {
+                        if let Some(id) = pick(&mut rng) {
+                            let action = ["pay", "ship", "confirm", "cancel"][n - 3];
+                            let (code, body) = app.post(&id, action).await;
+                            assert!(code == 200 || code == 409, "{action}: {code} {body}");
+                        }
+                    }
+                    7 | 8 => {
+                        if let Some(id) = pick(&mut rng) {
+                            let kind =
+                                ["payment", "fulfillment", "receipt"][rng.random_range(0..3)];
+                            publisher
+                                .timeout(&id, kind, rng.random_range(1..1500))
+                                .await;
+                        }
+                    }
+                    _ => {
+                        order_timeout::sweeper::sweep(
+                            &app.ctx,
+                            order_timeout::domain::Millis::now(),
+                        )
+                        .await
+                        .unwrap();
+                    }
+                }
+            }
+        }
+    });
+    join_all(workers).await;
+    let ids = orders.lock().await.clone();
+    assert!(
+        ids.len() > 40,
+        "only {} orders placed (seed {seed})",
+        ids.len()
+    );
+
+    // Settle: every deadline passes (windows ≤ 2.5 s, stages 2 s) and is applied.
+    let mut settled = Vec::new();
+    for id in &ids {
+        let order = wait_until(
+            Duration::from_secs(20),
+            &format!("order {id} settles"),
+            || async {
+                let o = app.get_order(id).await;
+                let done = match o["status"].as_str().unwrap() {
+                    "pending_payment" => false,
+                    "paid" => o["fulfillment_overdue_at"].is_string(),
+                    "shipped" => false,
+                    _ => true,
+                };
+                done.then_some(o)
+            },
+        )
+        .await;
+        settled.push(order);
+    }
+    let mut sold: HashMap<String, i64> = HashMap::new();
+    for order in &settled {
+        let id = order["id"].as_str().unwrap();
+        assert_legal(order, &trail(&app, id).await);
+        if matches!(order["status"].as_str(), Some("paid" | "completed")) {
+            for item in order["items"].as_array().unwrap() {
+                *sold
+                    .entry(item["sku"].as_str().unwrap().to_string())
+                    .or_default() += item["quantity"].as_i64().unwrap();
+            }
+        }
+    }
+    let stock = assert_conserved(&app).await;
+    for sku in SKUS {
+        assert_eq!(stock[sku]["reserved"], 0, "{sku} (seed {seed})");
+        assert_eq!(
+            stock[sku]["sold"],
+            sold.get(sku).copied().unwrap_or(0),
+            "{sku} (seed {seed})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_interleaving_postgres() {
+    randomized_interleaving(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_interleaving_sqlite() {
+    randomized_interleaving(Backend::Sqlite).await
+}
