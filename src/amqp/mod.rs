@@ -33,6 +33,9 @@ pub enum Error {
     /// The broker refused to take responsibility for a message.
     #[error("the broker nacked a publish to '{0}'")]
     Nacked(String),
+    /// The connection's event stream ended: the connection is gone.
+    #[error("the broker connection ended")]
+    ConnectionEnded,
     /// The broker cancelled our consumer (queue deleted, for example).
     #[error("the broker ended the consumer of '{0}'")]
     ConsumerEnded(String),

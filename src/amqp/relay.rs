@@ -9,7 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use lapin::Connection;
+use lapin::Event;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -51,6 +53,7 @@ pub async fn run(
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
+    let mut events = conn.events_listener();
     let mut db_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         if shutdown.is_cancelled() {
@@ -71,11 +74,20 @@ pub async fn run(
             }
         };
         if rows.is_empty() {
-            // Woken at once by a checkout's commit, or by the interval as a fallback.
+            // Woken at once by a checkout's commit, or by the interval as a fallback;
+            // a lost connection is noticed here too, not only at the next publish.
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = ctx.relay_wakeup.notified() => {}
                 _ = tokio::time::sleep(ctx.settings.relay.interval) => {}
+                event = events.next() => match event {
+                    Some(Event::Error(e)) => return Err(e.into()),
+                    Some(Event::ConnectionBlocked(reason)) => {
+                        tracing::warn!(reason, "the broker blocked publishing (resource alarm)");
+                    }
+                    Some(_) => {}
+                    None => return Err(Error::ConnectionEnded),
+                },
             }
             continue;
         }

@@ -57,6 +57,8 @@ pub struct TestApp {
     pub names: Names,
     pub vhost: String,
     pub amqp_url: String,
+    /// The settings environment this app was started with (peers reuse it).
+    pub env: HashMap<String, String>,
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     cleanup: Option<Cleanup>,
@@ -260,9 +262,23 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
     for (k, v) in opts.env {
         env.insert(k.to_string(), v);
     }
+    let cleanup = Cleanup {
+        vhost: vhost.clone(),
+        database: guard,
+    };
+    start(env, vhost, amqp_url, Some(cleanup)).await
+}
+
+/// Starts an application on the given settings and waits until it is ready.
+async fn start(
+    env: HashMap<String, String>,
+    vhost: String,
+    amqp_url: String,
+    cleanup: Option<Cleanup>,
+) -> TestApp {
     let settings = Settings::load(&SettingsSource {
         file: None,
-        env: Some(env),
+        env: Some(env.clone()),
     })
     .expect("test settings");
     let names = Names::new(&settings.amqp.prefix);
@@ -281,14 +297,12 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
             .unwrap(),
         ctx,
         names,
-        vhost: vhost.clone(),
+        vhost,
         amqp_url,
+        env,
         shutdown,
         task: Some(task),
-        cleanup: Some(Cleanup {
-            vhost,
-            database: guard,
-        }),
+        cleanup,
     };
     // Ready means: database answers and every broker role is connected with its topology declared.
     // Generous: with dozens of tests starting at once, the broker declares
@@ -416,6 +430,36 @@ impl TestApp {
         .expect("test connection")
     }
 
+    /// Publishes with any properties to any exchange, with confirms.
+    pub async fn publish_with(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        props: BasicProperties,
+        body: &[u8],
+    ) {
+        let conn = self.amqp().await;
+        let channel = conn.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let confirm = channel
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions::default(),
+                body,
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+        conn.close(200, "done".into()).await.ok();
+    }
+
     /// Publishes raw, with confirms, to the entry exchange.
     pub async fn publish_raw(&self, routing_key: &str, headers: FieldTable, body: &[u8]) {
         let conn = self.amqp().await;
@@ -443,6 +487,30 @@ impl TestApp {
             .unwrap();
         assert!(confirm.is_ack());
         conn.close(200, "done".into()).await.ok();
+    }
+
+    /// A second instance of the service on the same broker vhost and database,
+    /// as a second `serve` process would be. The first app owns the cleanup.
+    pub async fn spawn_peer(&self, name: &str) -> TestApp {
+        let mut env = self.env.clone();
+        env.insert(
+            "ORDER_TIMEOUT__AMQP__INSTANCE".into(),
+            format!("{name}-{}", self.vhost),
+        );
+        // Migrations already ran; a second instance must not need them.
+        env.insert(
+            "ORDER_TIMEOUT__DATABASE__MIGRATE_ON_START".into(),
+            "false".into(),
+        );
+        start(env, self.vhost.clone(), self.amqp_url.clone(), None).await
+    }
+
+    /// Stops the service and waits for it to drain.
+    pub async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
     }
 
     /// A publisher that keeps its connection, for tests that publish a lot.

@@ -6,5 +6,6 @@ mod helpers;
 mod core;
 mod examples;
 mod lifecycle;
+mod reliability;
 mod resilience;
 mod settings;
