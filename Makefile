@@ -12,12 +12,12 @@ PYTHON := $(VENV)/bin/python
 # Integration tests mostly wait for deadlines to pass, so many run at once.
 TEST_THREADS ?= 16
 
-.PHONY: run test lint unit integration readme-example services broker databases examples-deps clean
+.PHONY: run test lint services broker databases examples-deps tools clean
 
 run: broker
 	$(CARGO) run --release -- serve
 
-test: services examples-deps lint
+test: services examples-deps tools lint
 	$(CARGO) build --release --locked
 	ORDER_TIMEOUT_REQUIRE_EXAMPLES=1 ORDER_TIMEOUT_TEST_PYTHON=$(abspath $(PYTHON)) \
 		$(CARGO) test --locked -- --test-threads=$(TEST_THREADS)
@@ -51,6 +51,11 @@ databases:
 	@if ! mariadb-admin -uroot ping >/dev/null 2>&1; then \
 		echo "starting MariaDB"; start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd; fi
 	@for i in $$(seq 1 30); do mariadb-admin -uroot ping >/dev/null 2>&1 && break; sleep 1; done; mariadb-admin -uroot ping
+
+# socat terminates TLS in front of the broker for the amqps:// test.
+tools:
+	@command -v socat >/dev/null || (apt-get update -qq && apt-get install -y -qq socat)
+	@command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq openssl)
 
 # Client libraries of the publisher examples, from their registries.
 examples-deps: $(VENV)/.installed

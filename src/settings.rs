@@ -31,6 +31,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("amqp.delay_mode", "auto"),
     ("amqp.prefetch", "500"),
     ("amqp.instance", ""),
+    ("amqp.tls_ca_file", ""),
     ("http.bind", "127.0.0.1:8080"),
     ("windows.payment", "30m"),
     ("windows.fulfillment", "7d"),
@@ -168,6 +169,10 @@ pub struct AmqpSettings {
     pub prefetch: u16,
     /// This instance's name in connection names (defaults to host and pid).
     pub instance: String,
+    /// Extra CA certificates (PEM) to trust for `amqps://`, from `amqp.tls_ca_file`.
+    pub tls_ca_pem: Option<String>,
+    /// The file they came from, for `doctor`.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 /// `http.*`
@@ -386,6 +391,10 @@ impl Settings {
                     "" => default_instance(),
                     name => name.to_string(),
                 },
+                tls_ca_pem: read_pem("amqp.tls_ca_file", get("amqp.tls_ca_file"))?,
+                tls_ca_file: Some(get("amqp.tls_ca_file"))
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from),
             },
             http: HttpSettings {
                 bind: get("http.bind").parse().map_err(|_| {
@@ -495,6 +504,14 @@ impl Settings {
             ("amqp.delay_mode", d.amqp.delay_mode.as_str().to_string()),
             ("amqp.prefetch", d.amqp.prefetch.to_string()),
             ("amqp.instance", d.amqp.instance.clone()),
+            (
+                "amqp.tls_ca_file",
+                d.amqp
+                    .tls_ca_file
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+            ),
             ("http.bind", d.http.bind.to_string()),
             (
                 "windows.payment",
@@ -730,6 +747,19 @@ fn parse_prefix(key: &str, value: &str) -> Result<String, SettingsError> {
         ));
     }
     Ok(value.to_string())
+}
+
+/// Reads a PEM file of CA certificates; empty means none.
+fn read_pem(key: &str, path: &str) -> Result<Option<String>, SettingsError> {
+    if path.is_empty() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| invalid(key, format!("cannot read '{path}': {e}")))?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(invalid(key, format!("'{path}' holds no PEM certificate")));
+    }
+    Ok(Some(text))
 }
 
 fn default_instance() -> String {

@@ -46,7 +46,18 @@ pub enum Error {
 pub async fn connect(settings: &AmqpSettings, role: &str) -> Result<Connection, lapin::Error> {
     let name = connection_name(settings, role);
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Connection::connect(settings.url.expose(), properties).await
+    // For amqps:// URLs: the system's roots, plus the configured CA file if any.
+    let tls = lapin::tcp::OwnedTLSConfig {
+        identity: None,
+        cert_chain: settings.tls_ca_pem.clone(),
+    };
+    Connection::connect_with_config(
+        settings.url.expose(),
+        properties,
+        tls,
+        lapin::runtime::default_runtime()?,
+    )
+    .await
 }
 
 /// The client-provided name of a connection of this instance.

@@ -492,17 +492,25 @@ impl TestApp {
     /// A second instance of the service on the same broker vhost and database,
     /// as a second `serve` process would be. The first app owns the cleanup.
     pub async fn spawn_peer(&self, name: &str) -> TestApp {
+        let instance = format!("{name}-{}", self.vhost);
+        self.spawn_variant(&[("ORDER_TIMEOUT__AMQP__INSTANCE", instance)])
+            .await
+    }
+
+    /// Another instance on the same vhost and database with some settings
+    /// changed. The first app owns the cleanup.
+    pub async fn spawn_variant(&self, changes: &[(&str, String)]) -> TestApp {
         let mut env = self.env.clone();
-        env.insert(
-            "ORDER_TIMEOUT__AMQP__INSTANCE".into(),
-            format!("{name}-{}", self.vhost),
-        );
-        // Migrations already ran; a second instance must not need them.
+        // Migrations already ran; another instance must not need them.
         env.insert(
             "ORDER_TIMEOUT__DATABASE__MIGRATE_ON_START".into(),
             "false".into(),
         );
-        start(env, self.vhost.clone(), self.amqp_url.clone(), None).await
+        for (k, v) in changes {
+            env.insert(k.to_string(), v.clone());
+        }
+        let amqp_url = env["ORDER_TIMEOUT__AMQP__URL"].clone();
+        start(env, self.vhost.clone(), amqp_url, None).await
     }
 
     /// Stops the service and waits for it to drain.

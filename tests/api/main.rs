@@ -9,3 +9,4 @@ mod lifecycle;
 mod reliability;
 mod resilience;
 mod settings;
+mod tls;

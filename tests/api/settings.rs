@@ -123,3 +123,72 @@ async fn doctor_reports_mode_and_topology_and_schedule_publishes() {
     })
     .await;
 }
+
+/// Runs `serve` for a few seconds and returns what it logged.
+fn logs_of_serve(env: &[(&str, String)], for_ms: u64) -> String {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(for_ms));
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn credentials_never_reach_logs() {
+    let db = std::env::temp_dir().join(format!("ot-logs-{}.db", uuid::Uuid::new_v4().simple()));
+    let env = [
+        // A broker that is not there: the service keeps retrying and says so.
+        (
+            "ORDER_TIMEOUT__AMQP__URL",
+            "amqp://shop:hunter2-secret@127.0.0.1:1/%2f".to_string(),
+        ),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            format!("sqlite://{}?mode=rwc", db.display()),
+        ),
+        ("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:0".to_string()),
+        ("ORDER_TIMEOUT__LOG__FORMAT", "json".to_string()),
+        ("ORDER_TIMEOUT__LOG__LEVEL", "debug".to_string()),
+    ];
+    let logs = logs_of_serve(&env, 2500);
+    let _ = std::fs::remove_file(&db);
+    assert!(logs.contains("broker connection lost"), "{logs}");
+    assert!(!logs.contains("hunter2"), "{logs}");
+    // JSON lines for machines: every line parses, with fields at the top level.
+    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
+    }
+
+    // A database that is not there: start-up fails, naming it without its password.
+    let out = Command::new(BIN)
+        .arg("serve")
+        .env(
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://shop:hunter2-secret@127.0.0.1:1/shop",
+        )
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success());
+    assert!(
+        all.contains("cannot connect to the database postgres://shop:***@127.0.0.1:1/shop"),
+        "{all}"
+    );
+    assert!(!all.contains("hunter2"), "{all}");
+}
