@@ -53,7 +53,13 @@ databases:
 	@for i in $$(seq 1 30); do mariadb-admin -uroot ping >/dev/null 2>&1 && break; sleep 1; done; mariadb-admin -uroot ping
 
 # Client libraries of the publisher examples, from their registries.
-examples-deps: $(VENV)/.installed
+# Each is redone only when its lock or requirements file changes.
+NODE_EXAMPLE := rabbitmq/examples/node
+examples-deps: $(VENV)/.installed $(NODE_EXAMPLE)/node_modules/.installed
+
+$(NODE_EXAMPLE)/node_modules/.installed: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
+	npm ci --prefix $(NODE_EXAMPLE) --no-audit --no-fund --loglevel=error
+	touch $@
 
 $(VENV)/.installed: rabbitmq/examples/python/requirements.txt
 	python3 -m venv $(VENV)

@@ -6,5 +6,6 @@ mod helpers;
 mod core;
 mod examples;
 mod lifecycle;
+mod rabbitmq_world;
 mod resilience;
 mod settings;
