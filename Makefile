@@ -58,7 +58,13 @@ tools:
 	@command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq openssl)
 
 # Client libraries of the publisher examples, from their registries.
-examples-deps: $(VENV)/.installed
+# Each is redone only when its lock or requirements file changes.
+NODE_EXAMPLE := rabbitmq/examples/node
+examples-deps: $(VENV)/.installed $(NODE_EXAMPLE)/node_modules/.installed
+
+$(NODE_EXAMPLE)/node_modules/.installed: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
+	npm ci --prefix $(NODE_EXAMPLE) --no-audit --no-fund --loglevel=error
+	touch $@
 
 $(VENV)/.installed: rabbitmq/examples/python/requirements.txt
 	python3 -m venv $(VENV)

@@ -3,6 +3,7 @@
 //! the outbox relay.
 
 pub mod consumer;
+pub mod definitions;
 pub mod relay;
 pub mod router;
 pub mod topology;

@@ -147,38 +147,228 @@ pub fn level_bindings(names: &Names) -> Vec<Binding> {
     out
 }
 
-fn args(pairs: &[(&str, AMQPValue)]) -> FieldTable {
+/// An exchange type, as the broker spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeType {
+    /// Every bound queue gets every message.
+    Fanout,
+    /// Routing by pattern on dotted routing keys.
+    Topic,
+    /// The delayed-message plugin's exchange (it holds a message for `x-delay` ms).
+    DelayedMessage,
+}
+
+impl ExchangeType {
+    /// The type's name in AMQP and in the management API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fanout => "fanout",
+            Self::Topic => "topic",
+            Self::DelayedMessage => "x-delayed-message",
+        }
+    }
+
+    fn to_lapin(self) -> ExchangeKind {
+        match self {
+            Self::Fanout => ExchangeKind::Fanout,
+            Self::Topic => ExchangeKind::Topic,
+            Self::DelayedMessage => ExchangeKind::Custom(self.as_str().into()),
+        }
+    }
+}
+
+/// An argument value of an exchange or queue, with its AMQP width kept: the
+/// broker compares arguments on redeclaration, so they are sent as they always were.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arg {
+    /// A 32-bit signed integer (AMQP `long-int`).
+    Int(i32),
+    /// A 64-bit signed integer (AMQP `long-long-int`).
+    Long(i64),
+    /// A string (AMQP `long-string`).
+    Text(String),
+}
+
+impl Arg {
+    fn to_amqp(&self) -> AMQPValue {
+        match self {
+            Self::Int(i) => AMQPValue::LongInt(*i),
+            Self::Long(i) => AMQPValue::LongLongInt(*i),
+            Self::Text(s) => AMQPValue::LongString(LongString::from(s.as_bytes().to_vec())),
+        }
+    }
+}
+
+/// Arguments by name, in declaration order.
+pub type Args = Vec<(&'static str, Arg)>;
+
+/// One exchange of the topology. Every one is durable (the topology must
+/// outlive a broker restart), never auto-deleted, never internal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExchangeSpec {
+    /// Its name.
+    pub name: String,
+    /// Its type.
+    pub kind: ExchangeType,
+    /// Its arguments.
+    pub arguments: Args,
+}
+
+/// One queue of the topology. Every one is durable, not exclusive, never auto-deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSpec {
+    /// Its name.
+    pub name: String,
+    /// Its arguments.
+    pub arguments: Args,
+}
+
+fn args(pairs: &[(&str, Arg)]) -> FieldTable {
     let mut table = FieldTable::default();
     for (k, v) in pairs {
-        table.insert((*k).into(), v.clone());
+        table.insert((*k).into(), v.to_amqp());
     }
     table
 }
 
-fn text(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
-}
-
 /// Arguments every queue of ours gets: classic queue version 2, which keeps
 /// messages on disk with a small index and moves a due burst out faster than v1.
-fn queue_args(extra: &[(&str, AMQPValue)]) -> FieldTable {
-    let mut pairs = vec![("x-queue-version", AMQPValue::LongInt(2))];
-    pairs.extend_from_slice(extra);
-    args(&pairs)
+fn queue_args(extra: Args) -> Args {
+    let mut pairs = vec![("x-queue-version", Arg::Int(2))];
+    pairs.extend(extra);
+    pairs
 }
 
-fn durable_exchange() -> ExchangeDeclareOptions {
-    // Durable: the topology must outlive a broker restart; never auto-deleted.
-    ExchangeDeclareOptions {
-        durable: true,
-        ..Default::default()
+/// The exchanges of `mode`, in the order they are declared.
+pub fn exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
+    // The entry exchange. Fanout: every message reaches the router whatever its
+    // routing key, so an unknown kind is parked with a reason instead of being
+    // dropped as unroutable. In plugin mode the plugin wraps that fanout.
+    let entry = match mode {
+        Mode::Ttl => ExchangeSpec {
+            name: names.entry().to_string(),
+            kind: ExchangeType::Fanout,
+            arguments: Vec::new(),
+        },
+        Mode::Plugin => ExchangeSpec {
+            name: names.entry().to_string(),
+            kind: ExchangeType::DelayedMessage,
+            arguments: vec![("x-delayed-type", Arg::Text("fanout".into()))],
+        },
+    };
+    let mut out = vec![
+        entry,
+        // Parked messages: kept until an operator looks at them.
+        ExchangeSpec {
+            name: names.parked(),
+            kind: ExchangeType::Fanout,
+            arguments: Vec::new(),
+        },
+        // Due side: topic, because TTL routing keys carry the delay bits before the kind.
+        ExchangeSpec {
+            name: names.due(),
+            kind: ExchangeType::Topic,
+            arguments: Vec::new(),
+        },
+    ];
+    if mode == Mode::Ttl {
+        out.extend((0..=LEVELS).map(|l| ExchangeSpec {
+            name: names.out(l),
+            kind: ExchangeType::Topic,
+            arguments: Vec::new(),
+        }));
     }
+    out
 }
 
-fn durable_queue() -> QueueDeclareOptions {
-    QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
+/// The queues of `mode`, in the order they are declared.
+pub fn queues(names: &Names, mode: Mode) -> Vec<QueueSpec> {
+    let mut out = vec![
+        QueueSpec {
+            name: names.ingest(),
+            arguments: queue_args(Vec::new()),
+        },
+        // Parked messages never expire.
+        QueueSpec {
+            name: names.parked(),
+            arguments: queue_args(Vec::new()),
+        },
+    ];
+    out.extend(TimeoutKind::ALL.map(|kind| QueueSpec {
+        name: names.work(kind),
+        arguments: queue_args(Vec::new()),
+    }));
+    if mode == Mode::Ttl {
+        out.extend((0..LEVELS).map(|l| QueueSpec {
+            name: names.level(l),
+            arguments: queue_args(vec![
+                // Queue-wide TTL: every message in a level lives exactly as long,
+                // so expiry order is arrival order and the head is always next.
+                ("x-message-ttl", Arg::Long((1i64 << l) * 1000)),
+                // No dead-letter routing key: the original key, with its bits, travels on.
+                ("x-dead-letter-exchange", Arg::Text(names.out(l))),
+            ]),
+        }));
+    }
+    out
+}
+
+/// The bindings every mode has: entry to ingest, parked to parked, and the due
+/// exchange to each work queue by `#.<kind>`.
+pub fn core_bindings(names: &Names) -> Vec<Binding> {
+    let mut out = vec![
+        Binding {
+            source: names.entry().to_string(),
+            destination: Destination::Queue(names.ingest()),
+            key: String::new(),
+        },
+        Binding {
+            source: names.parked(),
+            destination: Destination::Queue(names.parked()),
+            key: String::new(),
+        },
+    ];
+    out.extend(TimeoutKind::ALL.map(|kind| Binding {
+        source: names.due(),
+        destination: Destination::Queue(names.work(kind)),
+        key: format!("#.{}", kind.as_str()),
+    }));
+    out
+}
+
+/// Every binding of `mode`: the core ones, then (TTL) the level bindings.
+pub fn bindings(names: &Names, mode: Mode) -> Vec<Binding> {
+    let mut out = core_bindings(names);
+    if mode == Mode::Ttl {
+        out.extend(level_bindings(names));
+    }
+    out
+}
+
+async fn bind(channel: &Channel, b: &Binding, nowait: bool) -> Result<(), lapin::Error> {
+    match &b.destination {
+        Destination::Queue(q) => {
+            channel
+                .queue_bind(
+                    q.as_str().into(),
+                    b.source.as_str().into(),
+                    b.key.as_str().into(),
+                    QueueBindOptions { nowait },
+                    FieldTable::default(),
+                )
+                .await
+        }
+        Destination::Exchange(x) => {
+            channel
+                .exchange_bind(
+                    x.as_str().into(),
+                    b.source.as_str().into(),
+                    b.key.as_str().into(),
+                    ExchangeBindOptions { nowait },
+                    FieldTable::default(),
+                )
+                .await
+        }
     }
 }
 
@@ -186,155 +376,42 @@ fn durable_queue() -> QueueDeclareOptions {
 /// a broker that lost its definitions gets them back. Fails with 406
 /// PRECONDITION_FAILED when a name exists with other arguments (for example the
 /// entry exchange left by the other mode): `doctor` explains that case.
+/// [`exchanges`], [`queues`] and [`bindings`] say what; `definitions` exports the same.
 pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(), lapin::Error> {
-    // The entry exchange. Fanout: every message reaches the router whatever its
-    // routing key, so an unknown kind is parked with a reason instead of being
-    // dropped as unroutable. In plugin mode the plugin wraps that fanout.
-    match mode {
-        Mode::Ttl => {
-            channel
-                .exchange_declare(
-                    names.entry().into(),
-                    ExchangeKind::Fanout,
-                    durable_exchange(),
-                    FieldTable::default(),
-                )
-                .await?;
-        }
-        Mode::Plugin => {
-            channel
-                .exchange_declare(
-                    names.entry().into(),
-                    ExchangeKind::Custom("x-delayed-message".into()),
-                    durable_exchange(),
-                    args(&[("x-delayed-type", text("fanout"))]),
-                )
-                .await?;
-        }
-    }
-    channel
-        .queue_declare(
-            names.ingest().as_str().into(),
-            durable_queue(),
-            queue_args(&[]),
-        )
-        .await?;
-    channel
-        .queue_bind(
-            names.ingest().as_str().into(),
-            names.entry().into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-
-    // Parked messages: kept until an operator looks at them; never expire.
-    channel
-        .exchange_declare(
-            names.parked().as_str().into(),
-            ExchangeKind::Fanout,
-            durable_exchange(),
-            FieldTable::default(),
-        )
-        .await?;
-    channel
-        .queue_declare(
-            names.parked().as_str().into(),
-            durable_queue(),
-            queue_args(&[]),
-        )
-        .await?;
-    channel
-        .queue_bind(
-            names.parked().as_str().into(),
-            names.parked().as_str().into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-
-    // Due side: topic, because TTL routing keys carry the delay bits before the kind.
-    channel
-        .exchange_declare(
-            names.due().as_str().into(),
-            ExchangeKind::Topic,
-            durable_exchange(),
-            FieldTable::default(),
-        )
-        .await?;
-    for kind in TimeoutKind::ALL {
-        let queue = names.work(kind);
+    for x in exchanges(names, mode) {
+        // Durable: the topology must outlive a broker restart; never auto-deleted.
+        let options = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
         channel
-            .queue_declare(queue.as_str().into(), durable_queue(), queue_args(&[]))
-            .await?;
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                names.due().as_str().into(),
-                format!("#.{}", kind.as_str()).as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
+            .exchange_declare(
+                x.name.as_str().into(),
+                x.kind.to_lapin(),
+                options,
+                args(&x.arguments),
             )
             .await?;
     }
+    for q in queues(names, mode) {
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .queue_declare(q.name.as_str().into(), options, args(&q.arguments))
+            .await?;
+    }
+    for b in core_bindings(names) {
+        bind(channel, &b, false).await?;
+    }
 
     if mode == Mode::Ttl {
-        for l in 0..=LEVELS {
-            channel
-                .exchange_declare(
-                    names.out(l).as_str().into(),
-                    ExchangeKind::Topic,
-                    durable_exchange(),
-                    FieldTable::default(),
-                )
-                .await?;
-        }
-        for l in 0..LEVELS {
-            let ttl_ms = (1i64 << l) * 1000;
-            channel
-                .queue_declare(
-                    names.level(l).as_str().into(),
-                    durable_queue(),
-                    queue_args(&[
-                        // Queue-wide TTL: every message in a level lives exactly as long,
-                        // so expiry order is arrival order and the head is always next.
-                        ("x-message-ttl", AMQPValue::LongLongInt(ttl_ms)),
-                        // No dead-letter routing key: the original key, with its bits, travels on.
-                        ("x-dead-letter-exchange", text(&names.out(l))),
-                    ]),
-                )
-                .await?;
-        }
         // About 300 bindings: sent without waiting for each reply (nowait), so
         // declaring costs one round trip, not 300. A failed binding closes the
         // channel, which the synchronous declare below then reports.
         for b in level_bindings(names) {
-            match &b.destination {
-                Destination::Queue(q) => {
-                    channel
-                        .queue_bind(
-                            q.as_str().into(),
-                            b.source.as_str().into(),
-                            b.key.as_str().into(),
-                            QueueBindOptions { nowait: true },
-                            FieldTable::default(),
-                        )
-                        .await?
-                }
-                Destination::Exchange(x) => {
-                    channel
-                        .exchange_bind(
-                            x.as_str().into(),
-                            b.source.as_str().into(),
-                            b.key.as_str().into(),
-                            ExchangeBindOptions { nowait: true },
-                            FieldTable::default(),
-                        )
-                        .await?
-                }
-            }
+            bind(channel, &b, true).await?;
         }
         channel
             .exchange_declare(
@@ -355,19 +432,15 @@ pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(),
 /// and for switching modes. Pending timers in the levels are lost: only for
 /// operators who mean it.
 pub async fn delete_all(channel: &Channel, names: &Names) -> Result<(), lapin::Error> {
-    let mut queues = vec![names.ingest(), names.parked()];
-    queues.extend(TimeoutKind::ALL.map(|k| names.work(k)));
-    queues.extend((0..LEVELS).map(|l| names.level(l)));
-    for q in queues {
+    // TTL mode's names are a superset of plugin mode's.
+    for q in queues(names, Mode::Ttl) {
         channel
-            .queue_delete(q.as_str().into(), Default::default())
+            .queue_delete(q.name.as_str().into(), Default::default())
             .await?;
     }
-    let mut exchanges = vec![names.entry().to_string(), names.parked(), names.due()];
-    exchanges.extend((0..=LEVELS).map(|l| names.out(l)));
-    for x in exchanges {
+    for x in exchanges(names, Mode::Ttl) {
         channel
-            .exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default())
+            .exchange_delete(x.name.as_str().into(), ExchangeDeleteOptions::default())
             .await?;
     }
     Ok(())
@@ -388,7 +461,7 @@ pub async fn probe_plugin(conn: &Connection, names: &Names) -> Result<bool, lapi
                 auto_delete: true,
                 ..Default::default()
             },
-            args(&[("x-delayed-type", text("direct"))]),
+            args(&[("x-delayed-type", Arg::Text("direct".into()))]),
         )
         .await;
     match declared {

@@ -17,13 +17,13 @@ fn python() -> Option<PathBuf> {
     venv.exists().then_some(venv)
 }
 
-fn example(path: &str) -> PathBuf {
+pub fn example(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 /// Skips (saying why) when run outside `make test` without the client library;
 /// under `make test` (ORDER_TIMEOUT_REQUIRE_EXAMPLES=1) a missing one fails.
-fn missing(what: &str) {
+pub fn missing(what: &str) {
     if std::env::var("ORDER_TIMEOUT_REQUIRE_EXAMPLES").is_ok() {
         panic!("{what} is required under make test");
     }

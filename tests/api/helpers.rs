@@ -82,6 +82,18 @@ fn unique(prefix: &str) -> String {
         .collect()
 }
 
+/// Percent-encodes a name for a management API path (`/` is the default vhost).
+pub fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 pub fn management() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -119,6 +131,46 @@ pub async fn delete_vhost(name: &str) {
         .basic_auth("guest", Some("guest"))
         .send()
         .await;
+}
+
+/// A fresh vhost that is deleted when dropped, unless handed to `spawn_app`
+/// (`Spawn::vhost`), whose `TestApp` then deletes it: prepared before the service
+/// starts (definitions imported, say), it is removed whatever way the test ends.
+pub struct Vhost {
+    name: Option<String>,
+}
+
+impl Vhost {
+    pub async fn create() -> Self {
+        let name = unique("ot-test-");
+        create_vhost(&name).await;
+        Self { name: Some(name) }
+    }
+
+    pub fn name(&self) -> &str {
+        self.name.as_deref().expect("vhost not yet handed over")
+    }
+
+    /// Hands the deletion over to the caller.
+    fn release(mut self) -> String {
+        self.name.take().expect("vhost not yet handed over")
+    }
+}
+
+impl Drop for Vhost {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take() {
+            // Drop cannot await: a helper thread with its own runtime deletes it.
+            let _ = std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(delete_vhost(&name));
+            })
+            .join();
+        }
+    }
 }
 
 /// Whether the broker offers the delayed-message exchange type (asked once).
@@ -210,6 +262,8 @@ pub struct Spawn {
     pub backend: Backend,
     pub mode: DelayMode,
     pub env: Vec<(&'static str, String)>,
+    /// A vhost prepared by the test; a fresh empty one when `None`.
+    pub vhost: Option<Vhost>,
 }
 
 impl Spawn {
@@ -218,7 +272,13 @@ impl Spawn {
             backend,
             mode,
             env: Vec::new(),
+            vhost: None,
         }
+    }
+    /// Runs the service in this vhost (deleted with the app, like a fresh one).
+    pub fn vhost(mut self, vhost: Vhost) -> Self {
+        self.vhost = Some(vhost);
+        self
     }
     pub fn env(mut self, key: &'static str, value: impl Into<String>) -> Self {
         self.env.push((key, value.into()));
@@ -240,8 +300,11 @@ fn init_logs() {
 
 pub async fn spawn_app(opts: Spawn) -> TestApp {
     init_logs();
-    let vhost = unique("ot-test-");
-    create_vhost(&vhost).await;
+    let vhost_guard = match opts.vhost {
+        Some(v) => v,
+        None => Vhost::create().await,
+    };
+    let vhost = vhost_guard.name().to_string();
     let (db_url, guard) = create_database(opts.backend).await;
     let amqp_url = format!("{BROKER}/{vhost}");
     let mut env: HashMap<String, String> = [
@@ -263,7 +326,7 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
         env.insert(k.to_string(), v);
     }
     let cleanup = Cleanup {
-        vhost: vhost.clone(),
+        vhost: vhost_guard.release(),
         database: guard,
     };
     start(env, vhost, amqp_url, Some(cleanup)).await

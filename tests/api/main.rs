@@ -6,6 +6,7 @@ mod helpers;
 mod core;
 mod examples;
 mod lifecycle;
+mod rabbitmq_world;
 mod reliability;
 mod resilience;
 mod settings;

@@ -46,17 +46,6 @@ async fn broker_up(vhost: &str) {
         .unwrap();
 }
 
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 async fn checkout_with_broker_down(backend: Backend, mode: DelayMode) {
     let app = spawn_app(Spawn::new(backend, mode)).await;
     app.put_stock("A", 5).await;

@@ -1,0 +1,172 @@
+//! The topology as RabbitMQ definitions (the management API's JSON format), so an
+//! operator can create it ahead of time, review it, or keep it under change control:
+//! import into a vhost with `POST /api/definitions/{vhost}`, the management UI
+//! ("Import definitions", with a virtual host chosen) or `rabbitmqctl
+//! import_definitions`. Built from the same [`topology`] functions that
+//! [`topology::declare`] runs, so the file and the service cannot disagree.
+//!
+//! Objects carry no `vhost` field: the file imports into whichever vhost it is
+//! posted to. The service still declares everything on start (idempotent): an
+//! imported topology is checked for equivalence, not trusted blindly.
+//!
+//! `rabbitmq/definitions.ttl.json` and `rabbitmq/definitions.plugin.json` are this
+//! function's output for the default prefix; a unit test keeps them equal.
+//! Regenerate with `ORDER_TIMEOUT_WRITE_DEFINITIONS=1 cargo test --lib definitions`.
+
+use serde_json::{Map, Value, json};
+
+use super::topology::{self, Arg, Args, Destination, Mode, Names};
+
+fn arguments(args: &Args) -> Value {
+    let map: Map<String, Value> = args
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Arg::Int(i) => json!(i),
+                Arg::Long(i) => json!(i),
+                Arg::Text(s) => json!(s),
+            };
+            ((*k).to_string(), v)
+        })
+        .collect();
+    Value::Object(map)
+}
+
+/// The definitions of `mode` under `names`: `exchanges`, `queues` and `bindings`,
+/// in declaration order, durable and not auto-deleted like [`topology::declare`] makes them.
+pub fn definitions(names: &Names, mode: Mode) -> Value {
+    let exchanges: Vec<Value> = topology::exchanges(names, mode)
+        .iter()
+        .map(|x| {
+            json!({
+                "name": x.name,
+                "type": x.kind.as_str(),
+                "durable": true,
+                "auto_delete": false,
+                "internal": false,
+                "arguments": arguments(&x.arguments),
+            })
+        })
+        .collect();
+    let queues: Vec<Value> = topology::queues(names, mode)
+        .iter()
+        .map(|q| {
+            json!({
+                "name": q.name,
+                "durable": true,
+                "auto_delete": false,
+                "arguments": arguments(&q.arguments),
+            })
+        })
+        .collect();
+    let bindings: Vec<Value> = topology::bindings(names, mode)
+        .iter()
+        .map(|b| {
+            let (destination, destination_type) = match &b.destination {
+                Destination::Queue(q) => (q, "queue"),
+                Destination::Exchange(x) => (x, "exchange"),
+            };
+            json!({
+                "source": b.source,
+                "destination": destination,
+                "destination_type": destination_type,
+                "routing_key": b.key,
+                "arguments": {},
+            })
+        })
+        .collect();
+    json!({
+        "exchanges": exchanges,
+        "queues": queues,
+        "bindings": bindings,
+    })
+}
+
+/// The text of a definitions file: pretty-printed JSON and a trailing newline.
+pub fn render(names: &Names, mode: Mode) -> String {
+    // Serializing a `Value` cannot fail.
+    let mut text = serde_json::to_string_pretty(&definitions(names, mode)).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// The committed file of each mode, relative to the repository root.
+pub fn file_name(mode: Mode) -> String {
+    format!("rabbitmq/definitions.{}.json", mode.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::TimeoutKind;
+    use std::path::PathBuf;
+
+    /// The committed files are exactly what the code declares. To regenerate after
+    /// a topology change: `ORDER_TIMEOUT_WRITE_DEFINITIONS=1 cargo test --lib definitions`.
+    #[test]
+    fn committed_definitions_match_the_code() {
+        let names = Names::new("order.timeouts");
+        for mode in [Mode::Ttl, Mode::Plugin] {
+            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file_name(mode));
+            let expected = render(&names, mode);
+            if std::env::var_os("ORDER_TIMEOUT_WRITE_DEFINITIONS").is_some() {
+                std::fs::write(&path, &expected).unwrap();
+            }
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                committed == expected,
+                "{} differs from the topology in the code; regenerate it with \
+                 ORDER_TIMEOUT_WRITE_DEFINITIONS=1 cargo test --lib definitions",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
+    fn ttl_definitions_hold_every_level_and_binding() {
+        let names = Names::new("p");
+        let d = definitions(&names, Mode::Ttl);
+        let levels = topology::LEVELS as usize;
+        // entry, parked, due, out.00..out.23
+        assert_eq!(d["exchanges"].as_array().unwrap().len(), 3 + levels + 1);
+        // ingest, parked, three work queues, level.00..level.22
+        assert_eq!(
+            d["queues"].as_array().unwrap().len(),
+            2 + TimeoutKind::ALL.len() + levels
+        );
+        assert_eq!(
+            d["bindings"].as_array().unwrap().len(),
+            topology::bindings(&names, Mode::Ttl).len()
+        );
+        let level5 = d["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["name"] == "p.level.05")
+            .unwrap();
+        assert_eq!(
+            level5["arguments"],
+            json!({"x-queue-version": 2, "x-message-ttl": 32000, "x-dead-letter-exchange": "p.out.05"})
+        );
+        assert_eq!(
+            d["exchanges"][0],
+            json!({"name": "p", "type": "fanout", "durable": true, "auto_delete": false, "internal": false, "arguments": {}})
+        );
+        assert!(
+            d.to_string().find("\"vhost\"").is_none(),
+            "no vhost: imports anywhere"
+        );
+    }
+
+    #[test]
+    fn plugin_definitions_have_the_delayed_entry_and_no_levels() {
+        let d = definitions(&Names::new("p"), Mode::Plugin);
+        assert_eq!(d["exchanges"][0]["type"], "x-delayed-message");
+        assert_eq!(
+            d["exchanges"][0]["arguments"],
+            json!({"x-delayed-type": "fanout"})
+        );
+        assert!(!d.to_string().contains("p.level."));
+        assert!(!d.to_string().contains("p.out."));
+    }
+}
