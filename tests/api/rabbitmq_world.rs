@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use lapin::types::FieldTable;
@@ -14,7 +14,7 @@ use order_timeout::amqp::topology::{LEVELS, Mode, Names};
 use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 
-use crate::examples::{example, missing};
+use crate::examples::{example, example_cancels_an_order, missing};
 use crate::helpers::*;
 
 fn topology_mode(mode: DelayMode) -> Mode {
@@ -243,41 +243,6 @@ fn rabbitmq_conf_keys_are_real() {
     for key in keys {
         assert!(mappings.contains(&key), "{key} is not a rabbitmq.conf key");
     }
-}
-
-/// Runs a publisher example for a fresh order with a 2 s window, relay off so
-/// the example's message is the only timeout; the order is cancelled within a
-/// second of its deadline and its stock is back.
-async fn example_cancels_an_order<F>(backend: Backend, mode: DelayMode, publish: F)
-where
-    F: FnOnce(&TestApp, &str) -> Output,
-{
-    let app =
-        spawn_app(Spawn::new(backend, mode).env("ORDER_TIMEOUT__RELAY__ENABLED", "false")).await;
-    app.put_stock("A", 2).await;
-    let id = app.order(&[("A", 2)], "2s").await;
-    let out = publish(&app, &id);
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let order = app
-        .wait_status(&id, "cancelled", Duration::from_secs(8))
-        .await;
-    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
-    assert!(
-        (0..1000).contains(&lateness),
-        "cancelled {lateness} ms after the deadline"
-    );
-    assert_eq!(app.stock("A").await["available"], 2);
-    assert_eq!(
-        app.metric("order_timeout_outbox_published_total", &[])
-            .await,
-        0.0
-    );
-    assert!(app.drain_parked().await.is_empty(), "nothing parked");
 }
 
 /// amqplib's folder: `ORDER_TIMEOUT_TEST_NODE_MODULES`, else the example's own
