@@ -170,8 +170,6 @@ pub async fn db_batch_cancel(ctx: &RunCtx, n: usize) -> anyhow::Result<f64> {
     let db = &ctx.db;
     let backend = db.get_database_backend();
     let table = "bench_ceiling";
-    db.execute_unprepared(&format!("DROP TABLE IF EXISTS {table}"))
-        .await?;
     db.execute_unprepared(&format!(
         "CREATE TABLE {table} (id BIGINT PRIMARY KEY, status VARCHAR(24) NOT NULL, \
          pay_deadline_ms BIGINT NOT NULL, cancelled_at_ms BIGINT, version INTEGER NOT NULL DEFAULT 0)"

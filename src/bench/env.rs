@@ -133,7 +133,7 @@ impl BenchDatabase {
     /// Creates a fresh PostgreSQL database `ot_bench_<random>`.
     pub async fn postgres(admin: &str, tag: &str) -> anyhow::Result<Self> {
         let name = format!("ot_bench_{tag}");
-        let conn = Database::connect(admin).await.with_context(|| {
+        let conn = admin_connect(admin).await.with_context(|| {
             format!(
                 "cannot reach PostgreSQL at {}",
                 crate::settings::redact_url(admin)
@@ -185,7 +185,7 @@ impl BenchDatabase {
     pub async fn drop_it(&self) -> anyhow::Result<()> {
         match self {
             Self::Postgres { admin, name, .. } => {
-                let conn = Database::connect(admin.as_str()).await?;
+                let conn = admin_connect(admin).await?;
                 conn.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                     .await?;
                 conn.close().await.ok();
@@ -198,6 +198,13 @@ impl BenchDatabase {
         }
         Ok(())
     }
+}
+
+/// A connection to the server's admin database, without statement logging.
+async fn admin_connect(admin: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
+    let mut options = sea_orm::ConnectOptions::new(admin.to_string());
+    options.sqlx_logging(false).max_connections(1);
+    Database::connect(options).await
 }
 
 /// The service under test, a child process running `serve`.

@@ -123,10 +123,10 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
         tokio::spawn(async move {
             let start = Instant::now();
             loop {
-                if let Ok(s) = proc_stats(pid, ticks) {
-                    if let Ok(mut v) = samples.lock() {
-                        v.push((start.elapsed().as_secs_f64(), s));
-                    }
+                if let Ok(s) = proc_stats(pid, ticks)
+                    && let Ok(mut v) = samples.lock()
+                {
+                    v.push((start.elapsed().as_secs_f64(), s));
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }

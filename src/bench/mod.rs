@@ -891,7 +891,7 @@ fn print_table(r: &Value, stats: &ProcStats) {
         )
     };
     println!();
-    println!("{:<34} {}", "figure", "value");
+    println!("{:<34} value", "figure");
     println!("{}", "-".repeat(78));
     for (name, value) in [
         (
