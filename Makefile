@@ -4,6 +4,8 @@
 #   make test    lint, unit and integration tests against the real services
 #   make lint    rustfmt and clippy, warnings denied
 #   make services  start whatever local service is down (RabbitMQ, PostgreSQL, MariaDB)
+#   make bench   burst, steady load, checkout and the machine's ceiling (docs/BENCHMARKS.md)
+#   make bench-million  a million pending timers in ttl mode: memory and scheduling time
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -12,7 +14,7 @@ PYTHON := $(VENV)/bin/python
 # Integration tests mostly wait for deadlines to pass, so many run at once.
 TEST_THREADS ?= 16
 
-.PHONY: run test lint services broker databases examples-deps tools clean
+.PHONY: run test lint services broker databases examples-deps tools clean bench bench-million
 
 run: broker
 	$(CARGO) run --release -- serve
@@ -70,6 +72,15 @@ $(VENV)/.installed: rabbitmq/examples/python/requirements.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r rabbitmq/examples/python/requirements.txt
 	touch $@
+
+# Options go in BENCH_ARGS, for example BENCH_ARGS="--db sqlite --burst 5000".
+BENCH_ARGS ?=
+
+bench:
+	$(CARGO) build --release && ./target/release/order-timeout bench $(BENCH_ARGS)
+
+bench-million:
+	$(CARGO) build --release && ./target/release/order-timeout bench --million $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -11,10 +11,12 @@
 //!   the consumers and the outbox relay, each on a supervised connection;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
 //! - [`http`]: the JSON API; [`metrics`]: events that log and count;
-//! - [`app`]: wiring and the run loop; [`doctor`] and [`cli`]: the subcommands.
+//! - [`app`]: wiring and the run loop; [`doctor`] and [`cli`]: the subcommands;
+//! - [`bench`]: `order-timeout bench`, the service measured as a black box.
 
 pub mod amqp;
 pub mod app;
+pub mod bench;
 pub mod cli;
 pub mod db;
 pub mod doctor;

@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod bench;
 mod core;
 mod examples;
 mod lifecycle;

@@ -1,0 +1,227 @@
+//! The machine's ceiling for the service's work, measured without the service:
+//!
+//! - the broker: publish N persistent messages of a contract message's size with
+//!   confirms into a throwaway durable queue (classic, version 2, like the work
+//!   queues), then consume and ack them as fast as one consumer can, with the
+//!   service's prefetch, acking with `multiple` once per batch like our consumer;
+//! - the database: N rows in a throwaway table of the run's database, cancelled by
+//!   the service's kind of statement (`UPDATE … WHERE id IN (…) AND status =
+//!   'pending_payment' AND deadline <= now RETURNING id`), one transaction per
+//!   batch of `consumer.batch_size`, one after the other like one consumer.
+//!
+//! Neither includes what the service adds (the audit rows, the stock release,
+//! the TTL hops): the gap between the service and the lower ceiling is the cost
+//! of the service's own work.
+
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use futures_util::{FutureExt, StreamExt};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Connection, ConnectionProperties};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+
+use super::RunCtx;
+use crate::amqp::wire::{self, TimeoutMessage};
+use crate::domain::{Millis, OrderId, TimeoutKind};
+
+/// Publishes pipelined this many messages before waiting for their confirms.
+const PUBLISH_WINDOW: usize = 1_000;
+
+/// What the broker managed.
+pub struct BrokerCeiling {
+    /// Persistent publishes confirmed per second (one channel, pipelined).
+    pub publish_per_s: f64,
+    /// Deliveries consumed and acked per second (one consumer).
+    pub consume_ack_per_s: f64,
+}
+
+/// Raw consume-and-ack rate of a plain durable queue in the run's vhost.
+pub async fn consume_ack(ctx: &RunCtx, n: usize) -> anyhow::Result<BrokerCeiling> {
+    println!("ceiling: broker, {n} persistent messages through a throwaway queue");
+    let conn = Connection::connect(
+        &ctx.amqp_url,
+        ConnectionProperties::default().with_connection_name("order-timeout bench ceiling".into()),
+    )
+    .await
+    .context("connecting to the run's vhost")?;
+    let queue = format!("{}.bench-ceiling", ctx.prefix);
+    let result = consume_ack_on(&conn, &queue, n, ctx.prefetch, ctx.batch_size).await;
+    if let Ok(channel) = conn.create_channel().await {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = conn.close(200, "ceiling done".into()).await;
+    result
+}
+
+async fn consume_ack_on(
+    conn: &Connection,
+    queue: &str,
+    n: usize,
+    prefetch: u16,
+    batch_size: usize,
+) -> anyhow::Result<BrokerCeiling> {
+    let publish = conn.create_channel().await?;
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let mut args = FieldTable::default();
+    // The same queue kind as the service's work queues.
+    args.insert("x-queue-version".into(), AMQPValue::LongInt(2));
+    publish
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await?;
+    let now = Millis::now();
+    let started = Instant::now();
+    let mut sent = 0;
+    while sent < n {
+        let mut confirms = Vec::with_capacity(PUBLISH_WINDOW);
+        for i in sent..(sent + PUBLISH_WINDOW).min(n) {
+            // A contract message of the same size as the relay's.
+            let message = TimeoutMessage {
+                order_id: OrderId::new(1_000_000 + i as i64),
+                kind: TimeoutKind::Payment,
+                due_at: Some(now),
+            };
+            let properties =
+                wire::properties(&format!("{}:payment:{i}", 1_000_000 + i), now, 1, &[]);
+            confirms.push(
+                publish
+                    .basic_publish(
+                        "".into(),
+                        queue.into(),
+                        BasicPublishOptions::default(),
+                        &wire::encode(&message),
+                        properties,
+                    )
+                    .await?,
+            );
+        }
+        sent += confirms.len();
+        for confirm in confirms {
+            if !confirm.await?.is_ack() {
+                bail!("the broker nacked a ceiling publish");
+            }
+        }
+    }
+    let publish_per_s = n as f64 / started.elapsed().as_secs_f64();
+
+    let consume = conn.create_channel().await?;
+    consume
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    let mut deliveries = consume
+        .basic_consume(
+            queue.into(),
+            "bench-ceiling".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let started = Instant::now();
+    let mut acked = 0;
+    while acked < n {
+        // Gather like the consumer: wait for one, take what is ready, up to a batch.
+        let mut last = match deliveries.next().await {
+            Some(d) => d?,
+            None => bail!("the ceiling consumer ended after {acked} deliveries"),
+        };
+        let mut in_batch = 1;
+        while in_batch < batch_size {
+            match deliveries.next().now_or_never() {
+                Some(Some(d)) => {
+                    last = d?;
+                    in_batch += 1;
+                }
+                Some(None) => bail!("the ceiling consumer ended"),
+                None => break,
+            }
+        }
+        last.acker.ack(BasicAckOptions { multiple: true }).await?;
+        acked += in_batch;
+    }
+    let consume_ack_per_s = n as f64 / started.elapsed().as_secs_f64();
+    println!("ceiling: publish+confirm {publish_per_s:.0}/s, consume+ack {consume_ack_per_s:.0}/s");
+    Ok(BrokerCeiling {
+        publish_per_s,
+        consume_ack_per_s,
+    })
+}
+
+/// Raw batched conditional-UPDATE rate on the run's database, rows per second.
+pub async fn db_batch_cancel(ctx: &RunCtx, n: usize) -> anyhow::Result<f64> {
+    println!(
+        "ceiling: database, {n} rows cancelled in batches of {}",
+        ctx.batch_size
+    );
+    let db = &ctx.db;
+    let backend = db.get_database_backend();
+    let table = "bench_ceiling";
+    db.execute_unprepared(&format!(
+        "CREATE TABLE {table} (id BIGINT PRIMARY KEY, status VARCHAR(24) NOT NULL, \
+         pay_deadline_ms BIGINT NOT NULL, cancelled_at_ms BIGINT, version INTEGER NOT NULL DEFAULT 0)"
+    ))
+    .await?;
+    // The same index the orders table has for this filter.
+    db.execute_unprepared(&format!(
+        "CREATE INDEX idx_{table}_status_deadline ON {table} (status, pay_deadline_ms)"
+    ))
+    .await?;
+    let due = Millis::now().0 - 1_000;
+    let fill = match backend {
+        DbBackend::Postgres => format!(
+            "INSERT INTO {table} (id, status, pay_deadline_ms) \
+             SELECT g, 'pending_payment', {due} FROM generate_series(1, {n}) AS g"
+        ),
+        _ => format!(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) \
+             INSERT INTO {table} (id, status, pay_deadline_ms) SELECT x, 'pending_payment', {due} FROM c"
+        ),
+    };
+    db.execute_unprepared(&fill).await?;
+    if backend == DbBackend::Postgres {
+        db.execute_unprepared(&format!("ANALYZE {table}")).await?;
+    }
+    let started = Instant::now();
+    let mut changed = 0;
+    let ids: Vec<usize> = (1..=n).collect();
+    for chunk in ids.chunks(ctx.batch_size.max(1)) {
+        let now = Millis::now().0;
+        let list = chunk
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let sql = format!(
+            "UPDATE {table} SET status = 'cancelled', cancelled_at_ms = {now}, version = version + 1 \
+             WHERE id IN ({list}) AND status = 'pending_payment' AND pay_deadline_ms <= {now} RETURNING id"
+        );
+        let txn = db.begin().await?;
+        let rows = txn
+            .query_all_raw(Statement::from_string(backend, sql))
+            .await?;
+        txn.commit().await?;
+        changed += rows.len();
+    }
+    let per_s = n as f64 / started.elapsed().as_secs_f64();
+    db.execute_unprepared(&format!("DROP TABLE {table}"))
+        .await?;
+    if changed != n {
+        bail!("the database ceiling changed {changed} of {n} rows");
+    }
+    println!("ceiling: batched conditional UPDATE {per_s:.0} rows/s");
+    Ok(per_s)
+}

@@ -1,0 +1,432 @@
+//! What a bench run stands on: a fresh RabbitMQ vhost (management API), a fresh
+//! database (PostgreSQL database or SQLite file), and the service under test as
+//! a child process, whose peak memory and CPU time are read from `/proc`.
+//!
+//! Each resource is created by one function and removed by [`Resources::cleanup`],
+//! which the caller runs on every exit path (success, failure, Ctrl-C).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
+use serde_json::{Value, json};
+
+/// The RabbitMQ management API: base URL (`…/api`) and credentials.
+#[derive(Clone)]
+pub struct Management {
+    /// Client for every management call.
+    http: reqwest::Client,
+    /// `http://host:15672/api`, without credentials.
+    base: String,
+    /// User name.
+    user: String,
+    /// Password.
+    password: String,
+}
+
+impl Management {
+    /// Parses `http://user:pass@host:port/api` (credentials default to guest/guest).
+    pub fn new(raw: &str) -> anyhow::Result<Self> {
+        let mut url = url::Url::parse(raw).with_context(|| "--management is not a URL")?;
+        let user = match url.username() {
+            "" => "guest".to_string(),
+            u => u.to_string(),
+        };
+        let password = url.password().unwrap_or("guest").to_string();
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        Ok(Self {
+            http,
+            base: url.as_str().trim_end_matches('/').to_string(),
+            user,
+            password,
+        })
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<reqwest::Response> {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .basic_auth(&self.user, Some(&self.password));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.with_context(|| {
+            format!("management API {method} {path} (is the management plugin on?)")
+        })?;
+        if !resp.status().is_success() {
+            bail!("management API {method} {path}: {}", resp.status());
+        }
+        Ok(resp)
+    }
+
+    /// GET a JSON document.
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        Ok(self
+            .call(reqwest::Method::GET, path, None)
+            .await?
+            .json()
+            .await?)
+    }
+
+    /// Whether the broker offers the `x-delayed-message` exchange type.
+    pub async fn plugin_available(&self) -> anyhow::Result<bool> {
+        let overview = self.get("/overview").await?;
+        Ok(overview["exchange_types"]
+            .as_array()
+            .is_some_and(|types| types.iter().any(|t| t["name"] == "x-delayed-message")))
+    }
+
+    /// Creates a vhost and gives our user every right in it.
+    pub async fn create_vhost(&self, name: &str) -> anyhow::Result<()> {
+        self.call(reqwest::Method::PUT, &format!("/vhosts/{name}"), None)
+            .await?;
+        self.call(
+            reqwest::Method::PUT,
+            &format!("/permissions/{name}/{}", self.user),
+            Some(json!({"configure": ".*", "write": ".*", "read": ".*"})),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Deletes a vhost with everything in it.
+    pub async fn delete_vhost(&self, name: &str) -> anyhow::Result<()> {
+        self.call(reqwest::Method::DELETE, &format!("/vhosts/{name}"), None)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Which database the service under test runs on.
+pub enum BenchDatabase {
+    /// A database created on a PostgreSQL server for this run.
+    Postgres {
+        /// The server's admin URL (`…/postgres`), to create and drop.
+        admin: String,
+        /// The database's name.
+        name: String,
+        /// Its URL.
+        url: String,
+    },
+    /// A SQLite file created for this run.
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// Its URL.
+        url: String,
+    },
+}
+
+impl BenchDatabase {
+    /// Creates a fresh PostgreSQL database `ot_bench_<random>`.
+    pub async fn postgres(admin: &str, tag: &str) -> anyhow::Result<Self> {
+        let name = format!("ot_bench_{tag}");
+        let conn = admin_connect(admin).await.with_context(|| {
+            format!(
+                "cannot reach PostgreSQL at {}",
+                crate::settings::redact_url(admin)
+            )
+        })?;
+        conn.execute_unprepared(&format!("CREATE DATABASE {name}"))
+            .await
+            .with_context(|| format!("CREATE DATABASE {name}"))?;
+        conn.close().await.ok();
+        let mut url = url::Url::parse(admin)?;
+        url.set_path(&format!("/{name}"));
+        Ok(Self::Postgres {
+            admin: admin.to_string(),
+            name,
+            url: url.to_string(),
+        })
+    }
+
+    /// A fresh SQLite file in the system's temporary directory.
+    pub fn sqlite(tag: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("ot-bench-{tag}.db"));
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        Self::Sqlite { path, url }
+    }
+
+    /// The URL the service and the bench connect with.
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Postgres { url, .. } | Self::Sqlite { url, .. } => url,
+        }
+    }
+
+    /// `postgres` or `sqlite`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Postgres { .. } => "postgres",
+            Self::Sqlite { .. } => "sqlite",
+        }
+    }
+
+    /// Connects the bench itself (reads results, runs the database ceiling).
+    pub async fn connect(&self) -> anyhow::Result<DatabaseConnection> {
+        let mut options = sea_orm::ConnectOptions::new(self.url().to_string());
+        options.sqlx_logging(false).max_connections(2);
+        Ok(Database::connect(options).await?)
+    }
+
+    /// Drops the database (`WITH (FORCE)`: a killed child may leave connections) or removes the file.
+    pub async fn drop_it(&self) -> anyhow::Result<()> {
+        match self {
+            Self::Postgres { admin, name, .. } => {
+                let conn = admin_connect(admin).await?;
+                conn.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await?;
+                conn.close().await.ok();
+            }
+            Self::Sqlite { path, .. } => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A connection to the server's admin database, without statement logging.
+async fn admin_connect(admin: &str) -> Result<DatabaseConnection, sea_orm::DbErr> {
+    let mut options = sea_orm::ConnectOptions::new(admin.to_string());
+    options.sqlx_logging(false).max_connections(1);
+    Database::connect(options).await
+}
+
+/// The service under test, a child process running `serve`.
+pub struct Service {
+    /// The child.
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+    /// Kernel clock ticks per second, for `/proc/<pid>/stat`.
+    ticks: f64,
+}
+
+/// Peak memory and CPU time of the child, from `/proc`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcStats {
+    /// `VmHWM`: peak resident set, MiB.
+    pub peak_rss_mb: f64,
+    /// `VmRSS`: resident set now, MiB.
+    pub rss_mb: f64,
+    /// `utime + stime`, seconds.
+    pub cpu_s: f64,
+}
+
+/// A port nobody listens on now (the child binds it a moment later).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl Service {
+    /// Starts `<this binary> serve` with `env` added to our environment, its
+    /// output in `log`.
+    pub fn start(
+        config: Option<&Path>,
+        env: &[(String, String)],
+        port: u16,
+        log: PathBuf,
+    ) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("cannot find the bench's own binary")?;
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let out = std::fs::File::create(&log)
+            .with_context(|| format!("cannot write {}", log.display()))?;
+        let err = out.try_clone()?;
+        let mut cmd = Command::new(exe);
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        cmd.arg("serve")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let child = cmd.spawn().context("cannot start the service under test")?;
+        Ok(Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+            ticks: clock_ticks(),
+        })
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Fails if the child has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "the service under test exited ({status}); see {}",
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until `/readyz` answers 200 (database and every broker role up).
+    pub async fn wait_ready(
+        &mut self,
+        http: &reqwest::Client,
+        limit: Duration,
+    ) -> anyhow::Result<()> {
+        let start = Instant::now();
+        loop {
+            self.check_alive()?;
+            if let Ok(resp) = http.get(format!("{}/readyz", self.base)).send().await
+                && resp.status().is_success()
+            {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                bail!(
+                    "the service under test was not ready within {}s; see {}",
+                    limit.as_secs(),
+                    self.log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Peak RSS, current RSS and CPU time so far.
+    pub fn stats(&self) -> anyhow::Result<ProcStats> {
+        proc_stats(self.pid(), self.ticks)
+    }
+
+    /// Kernel clock ticks per second.
+    pub fn ticks(&self) -> f64 {
+        self.ticks
+    }
+
+    /// SIGTERM, a graceful wait, then SIGKILL.
+    pub fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .stderr(Stdio::null())
+            .status();
+        let until = Instant::now() + Duration::from_secs(25);
+        while Instant::now() < until {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // Whatever path we leave by, the child does not outlive the bench.
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Peak RSS, current RSS and CPU time of a process, from `/proc` (Linux).
+pub fn proc_stats(pid: u32, ticks: f64) -> anyhow::Result<ProcStats> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .context("reading /proc/<pid>/status (Linux only)")?;
+    let kb = |key: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12th and 13th here.
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok(ProcStats {
+        peak_rss_mb: kb("VmHWM:") / 1024.0,
+        rss_mb: kb("VmRSS:") / 1024.0,
+        cpu_s: (tick(11) + tick(12)) / ticks,
+    })
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|t| *t > 0.0)
+        .unwrap_or(100.0)
+}
+
+/// Everything a run created, removed by [`Resources::cleanup`].
+#[derive(Default)]
+pub struct Resources {
+    /// The management API, to delete the vhost.
+    pub management: Option<Management>,
+    /// The vhost made for this run.
+    pub vhost: Option<String>,
+    /// The database made for this run.
+    pub database: Option<BenchDatabase>,
+    /// The service under test.
+    pub service: Option<Service>,
+}
+
+impl Resources {
+    /// Stops the child, deletes the vhost and drops the database; says what failed.
+    pub async fn cleanup(&mut self) {
+        if let Some(mut service) = self.service.take() {
+            service.stop();
+        }
+        if let (Some(management), Some(vhost)) = (&self.management, self.vhost.take()) {
+            match management.delete_vhost(&vhost).await {
+                Ok(()) => println!("cleanup: deleted vhost {vhost}"),
+                Err(e) => eprintln!("cleanup: could not delete vhost {vhost}: {e:#}"),
+            }
+        }
+        if let Some(db) = self.database.take() {
+            match db.drop_it().await {
+                Ok(()) => println!("cleanup: removed the {} database", db.kind()),
+                Err(e) => eprintln!(
+                    "cleanup: could not remove the {} database: {e:#}",
+                    db.kind()
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! `bench --million`: a million pending timers in ttl mode.
+//!
+//! Checkout over HTTP runs at a few thousand orders a second on a small machine,
+//! so a million would take most of an hour; instead the orders and their outbox
+//! rows are written by one SQL statement each (one transaction), exactly as a
+//! million checkouts would have left them, and the service's own outbox relay
+//! publishes them and its router lays them into the TTL levels. Windows are one
+//! to two days, so nothing falls due during the run.
+//!
+//! Reported: the time from the commit to the last timer parked in a level
+//! (relay + router), the service's RSS sampled every second (is it flat?), the
+//! broker's memory and disk (`/api/nodes`) and the levels' memory (`/api/queues`).
+//! The vhost (and with it the million messages) is deleted afterwards.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use sea_orm::{ConnectionTrait, DbBackend, TransactionTrait};
+use serde_json::{Value, json};
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+
+use super::env::{ProcStats, Resources, proc_stats};
+use super::{BenchArgs, RunCtx, count, round1};
+use crate::amqp::topology::{LEVELS, Names};
+use crate::domain::{Millis, TimeoutKind};
+
+const DAY_MS: i64 = 86_400_000;
+
+/// What the broker says about itself and the run's queues.
+#[derive(Debug, Clone, Copy, Default)]
+struct BrokerState {
+    /// Node memory in use, MiB.
+    mem_mb: f64,
+    /// Free disk, MiB.
+    disk_free_mb: f64,
+    /// Messages in the TTL levels.
+    in_levels: u64,
+    /// Messages in every other queue of the vhost (ingest, work, parked).
+    elsewhere: u64,
+    /// Memory of the vhost's queues, MiB.
+    queue_mem_mb: f64,
+    /// Bytes of persistent message bodies in the vhost's queues, MiB.
+    persistent_mb: f64,
+}
+
+/// Exact message counts by passive declare (the management API's are up to 5 s old).
+async fn counts(channel: &lapin::Channel, names: &Names) -> anyhow::Result<(u64, u64)> {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let mut levels = 0;
+    for l in 0..LEVELS {
+        let q = channel
+            .queue_declare(
+                names.level(l).as_str().into(),
+                passive,
+                FieldTable::default(),
+            )
+            .await?;
+        levels += u64::from(q.message_count());
+    }
+    let mut others = vec![names.ingest(), names.parked()];
+    others.extend(TimeoutKind::ALL.iter().map(|k| names.work(*k)));
+    let mut elsewhere = 0;
+    for name in others {
+        let q = channel
+            .queue_declare(name.as_str().into(), passive, FieldTable::default())
+            .await?;
+        elsewhere += u64::from(q.message_count());
+    }
+    Ok((levels, elsewhere))
+}
+
+async fn broker_state(ctx: &RunCtx, channel: &lapin::Channel) -> anyhow::Result<BrokerState> {
+    let nodes = ctx.management.get("/nodes").await?;
+    let node = nodes
+        .as_array()
+        .and_then(|n| n.first())
+        .context("/api/nodes is empty")?;
+    let mb = |v: &Value| v.as_f64().unwrap_or(0.0) / 1_048_576.0;
+    let queues = ctx
+        .management
+        .get(&format!(
+            "/queues/{}?columns=name,messages,memory,message_bytes_persistent",
+            ctx.vhost
+        ))
+        .await?;
+    let mut state = BrokerState {
+        mem_mb: mb(&node["mem_used"]),
+        disk_free_mb: mb(&node["disk_free"]),
+        ..Default::default()
+    };
+    (state.in_levels, state.elsewhere) = counts(channel, &Names::new(&ctx.prefix)).await?;
+    for q in queues.as_array().into_iter().flatten() {
+        state.queue_mem_mb += mb(&q["memory"]);
+        state.persistent_mb += mb(&q["message_bytes_persistent"]);
+    }
+    Ok(state)
+}
+
+fn broker_json(s: &BrokerState) -> Value {
+    json!({
+        "mem_used_mb": round1(s.mem_mb),
+        "disk_free_mb": round1(s.disk_free_mb),
+        "messages_in_levels": s.in_levels,
+        "queue_memory_mb": round1(s.queue_mem_mb),
+        "message_bytes_persistent_mb": round1(s.persistent_mb),
+    })
+}
+
+/// Runs the scenario; the service is running in ttl mode on a fresh database.
+pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow::Result<Value> {
+    let m = args.million_orders.max(1);
+    let service = res.service.as_ref().context("service")?;
+    let (pid, ticks) = (service.pid(), service.ticks());
+    let samples: Arc<Mutex<Vec<(f64, ProcStats)>>> = Arc::default();
+    let sampler = {
+        let samples = samples.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            loop {
+                if let Ok(s) = proc_stats(pid, ticks)
+                    && let Ok(mut v) = samples.lock()
+                {
+                    v.push((start.elapsed().as_secs_f64(), s));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let result = schedule(ctx, res, m).await;
+    sampler.abort();
+    let (schedule_s, insert_s, before, after) = result?;
+    let stats = res.service.as_ref().context("service")?.stats()?;
+    let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
+    let rss: Vec<f64> = samples.iter().map(|(_, s)| s.rss_mb).collect();
+    let first = rss.first().copied().unwrap_or(0.0);
+    let last = rss.last().copied().unwrap_or(0.0);
+    let max = rss.iter().copied().fold(0.0, f64::max);
+    // Keep the series short in the JSON: at most 60 points.
+    let step = (samples.len() / 60).max(1);
+    let series: Vec<Value> = samples
+        .iter()
+        .step_by(step)
+        .map(|(t, s)| json!([round1(*t), round1(s.rss_mb)]))
+        .collect();
+    let report = json!({
+        "mode": ctx.mode,
+        "db": ctx.db_kind,
+        "scenario": "million",
+        "orders": m,
+        "scheduled_through": "orders and outbox rows written by SQL in one transaction; the service's relay published them, its router laid them into the TTL levels",
+        "insert_s": round1(insert_s),
+        "schedule_s": round1(schedule_s),
+        "schedule_per_s": round1(m as f64 / schedule_s),
+        "service_rss_mb": { "first": round1(first), "max": round1(max), "last": round1(last), "series": series },
+        "service_peak_rss_mb": round1(stats.peak_rss_mb),
+        "service_cpu_s": round1(stats.cpu_s),
+        "broker_before": broker_json(&before),
+        "broker_after": broker_json(&after),
+    });
+    println!();
+    println!("{:<34} value", "figure");
+    println!("{}", "-".repeat(78));
+    for (name, value) in [
+        ("timers scheduled", m.to_string()),
+        ("rows written (SQL)", format!("{insert_s:.1} s")),
+        (
+            "commit -> all in TTL levels",
+            format!("{schedule_s:.1} s ({:.0}/s)", m as f64 / schedule_s),
+        ),
+        (
+            "service RSS first/max/last",
+            format!("{first:.1} / {max:.1} / {last:.1} MiB"),
+        ),
+        (
+            "service peak RSS (VmHWM)",
+            format!("{:.1} MiB", stats.peak_rss_mb),
+        ),
+        ("service CPU time", format!("{:.1} s", stats.cpu_s)),
+        (
+            "broker memory before/after",
+            format!("{:.0} / {:.0} MiB", before.mem_mb, after.mem_mb),
+        ),
+        (
+            "broker disk free before/after",
+            format!("{:.0} / {:.0} MiB", before.disk_free_mb, after.disk_free_mb),
+        ),
+        (
+            "level queues' memory",
+            format!("{:.1} MiB", after.queue_mem_mb),
+        ),
+    ] {
+        println!("{name:<34} {value}");
+    }
+    println!();
+    Ok(report)
+}
+
+/// Writes the rows, waits for the service to lay every timer in a level.
+/// Returns (schedule seconds, insert seconds, broker before, broker after).
+async fn schedule(
+    ctx: &RunCtx,
+    res: &mut Resources,
+    m: usize,
+) -> anyhow::Result<(f64, f64, BrokerState, BrokerState)> {
+    let conn = lapin::Connection::connect(
+        &ctx.amqp_url,
+        lapin::ConnectionProperties::default()
+            .with_connection_name("order-timeout bench million".into()),
+    )
+    .await?;
+    let channel = conn.create_channel().await?;
+    let result = schedule_on(ctx, res, m, &channel).await;
+    let _ = conn.close(200, "done".into()).await;
+    result
+}
+
+async fn schedule_on(
+    ctx: &RunCtx,
+    res: &mut Resources,
+    m: usize,
+    channel: &lapin::Channel,
+) -> anyhow::Result<(f64, f64, BrokerState, BrokerState)> {
+    let before = broker_state(ctx, channel).await?;
+    let now = Millis::now().0;
+    let series = match ctx.db.get_database_backend() {
+        DbBackend::Postgres => format!("SELECT g AS x FROM generate_series(1, {m}) AS g"),
+        _ => format!(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {m}) SELECT x FROM c"
+        ),
+    };
+    println!("million: writing {m} orders and their outbox rows");
+    let started = Instant::now();
+    let txn = ctx.db.begin().await?;
+    // Deadlines spread over a day, one to two days ahead: many TTL levels in use.
+    txn.execute_unprepared(&format!(
+        "INSERT INTO orders (status, pay_deadline_ms, created_at_ms, version, updated_at_ms) \
+         SELECT 'pending_payment', {now} + {DAY_MS} + (s.x % 86400) * 1000, {now}, 0, {now} FROM ({series}) AS s"
+    ))
+    .await?;
+    txn.execute_unprepared(&format!(
+        "INSERT INTO outbox (order_id, kind, due_at_ms, created_at_ms, attempts) \
+         SELECT id, 'payment', pay_deadline_ms, {now}, 0 FROM orders"
+    ))
+    .await?;
+    txn.commit().await?;
+    let insert_s = started.elapsed().as_secs_f64();
+    let committed = Instant::now();
+    let limit = Duration::from_secs(120 + (m / 500) as u64);
+    let mut last_print = Instant::now() - Duration::from_secs(10);
+    loop {
+        res.service.as_mut().context("service")?.check_alive()?;
+        let outbox = count(&ctx.db, "SELECT COUNT(*) FROM outbox").await?;
+        let state = broker_state(ctx, channel).await?;
+        if outbox == 0 && state.in_levels >= m as u64 && state.elsewhere == 0 {
+            let schedule_s = committed.elapsed().as_secs_f64();
+            println!("million: all {m} timers in the TTL levels after {schedule_s:.1}s");
+            // A little longer, to see whether memory settles.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let after = broker_state(ctx, channel).await?;
+            let cancelled = count(
+                &ctx.db,
+                "SELECT COUNT(*) FROM orders WHERE status <> 'pending_payment'",
+            )
+            .await?;
+            if cancelled != 0 {
+                bail!("{cancelled} orders changed status, though none was due");
+            }
+            if after.in_levels != m as u64 {
+                bail!("{} timers in the levels, {m} scheduled", after.in_levels);
+            }
+            return Ok((schedule_s, insert_s, before, after));
+        }
+        if committed.elapsed() > limit {
+            bail!(
+                "after {}s: {outbox} outbox rows left, {} timers in levels, {} elsewhere (want {m} in levels)",
+                limit.as_secs(),
+                state.in_levels,
+                state.elsewhere
+            );
+        }
+        if last_print.elapsed() >= Duration::from_secs(2) {
+            println!(
+                "million: outbox {outbox} left, {} in levels, {} elsewhere, broker {:.0} MiB",
+                state.in_levels, state.elsewhere, state.mem_mb
+            );
+            last_print = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -1,0 +1,69 @@
+//! `order-timeout bench` end to end at a tiny size: it must finish, pass its own
+//! correctness checks, clean up, and write the JSON other tools read.
+
+use std::process::Command;
+
+#[test]
+fn small_bench_on_sqlite_writes_valid_json() {
+    let dir = std::env::temp_dir().join(format!("ot-bench-test-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("latest.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+        .args([
+            "bench",
+            "--db",
+            "sqlite",
+            "--mode",
+            "ttl",
+            "--burst",
+            "200",
+            "--steady-rate",
+            "50",
+            "--steady-secs",
+            "3",
+            "--clients",
+            "16",
+            "--skus",
+            "8",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("cleanup: deleted vhost"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(report["mode"], "ttl");
+    assert_eq!(report["db"], "sqlite");
+    // 250 placed, plus the calibration orders.
+    assert!(report["orders"].as_u64().unwrap() >= 250, "{report}");
+    for key in [
+        "checkout_per_s",
+        "burst_cancels_per_s",
+        "fraction_of_ceiling",
+        "service_peak_rss_mb",
+        "service_cpu_s",
+    ] {
+        assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
+    }
+    for load in ["burst", "steady"] {
+        let l = &report["lateness_ms"][load];
+        for p in ["p50", "p90", "p99", "max"] {
+            assert!(l[p].as_i64().unwrap() >= 0, "{load}.{p}: {report}");
+        }
+        assert!(l["p50"].as_i64() <= l["max"].as_i64());
+    }
+    for key in ["consume_ack_per_s", "db_batch_cancel_per_s"] {
+        assert!(
+            report["ceiling"][key].as_f64().unwrap() > 0.0,
+            "{key}: {report}"
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
