@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
     ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
@@ -36,6 +36,10 @@ use super::{Backoff, Error, park_delivery, pause, publish_confirmed};
 use crate::app::Context;
 use crate::db::store::{self, Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderId, TimeoutKind};
+
+/// A batch that starts this soon after the previous one is part of a flow, and
+/// may wait `consumer.batch_wait` to fill even when it holds one delivery.
+const FLOWING: Duration = Duration::from_millis(50);
 
 /// What to do with one delivery once the database has spoken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,6 +187,7 @@ impl KindConsumer {
             .await?;
         let batch_size = self.ctx.settings.consumer.batch_size;
         let batch_wait = self.ctx.settings.consumer.batch_wait;
+        let mut last_batch = Instant::now() - FLOWING;
         let result: Result<(), Error> = loop {
             let first = tokio::select! {
                 biased;
@@ -200,13 +205,17 @@ impl KindConsumer {
             };
             let mut batch = vec![first];
             let mut ended = None;
+            // Flowing: more than one ready at once, or the last batch was moments
+            // ago. A due burst trickles out of the TTL levels one message at a
+            // time, and a transaction per message would cap the rate.
+            let flowing = last_batch.elapsed() < FLOWING;
             let until = Instant::now() + batch_wait;
             while batch.len() < batch_size {
                 let next = match deliveries.next().now_or_never() {
                     // Take whatever is ready now ...
                     Some(next) => next,
                     // ... and, only while messages are flowing, wait a little for more.
-                    None if batch.len() > 1 && !batch_wait.is_zero() => {
+                    None if (flowing || batch.len() > 1) && !batch_wait.is_zero() => {
                         match tokio::time::timeout_at(until, deliveries.next()).await {
                             Ok(next) => next,
                             Err(_) => break,
@@ -222,6 +231,7 @@ impl KindConsumer {
                     }
                 }
             }
+            last_batch = Instant::now();
             if let Err(e) = self.handle(batch, &shutdown).await {
                 break Err(e);
             }
@@ -326,6 +336,8 @@ impl KindConsumer {
     ) -> Result<(), Error> {
         let hold_max = self.ctx.settings.consumer.hold_max;
         let mut seen = HashSet::new();
+        // Applied and not-applicable deliveries are acked together at the end.
+        let mut settled = Vec::with_capacity(valid.len());
         for (delivery, message) in valid {
             let id = message.order_id;
             let outcome = outcomes
@@ -334,13 +346,13 @@ impl KindConsumer {
                 .unwrap_or(ExpiryOutcome::NotFound);
             match decide(outcome, now, hold_max, seen.insert(id)) {
                 Action::Applied { lateness_ms } => {
-                    delivery.acker.ack(Default::default()).await?;
+                    settled.push(delivery.delivery_tag);
                     self.ctx
                         .events
                         .timeout_applied(self.kind, id, lateness_ms, "message");
                 }
                 Action::NotApplicable { status } => {
-                    delivery.acker.ack(Default::default()).await?;
+                    settled.push(delivery.delivery_tag);
                     self.ctx
                         .events
                         .timeout_not_applicable(self.kind, id, &status);
@@ -368,6 +380,26 @@ impl KindConsumer {
                     )
                     .await?;
                 }
+            }
+        }
+        self.ack(settled).await
+    }
+
+    /// Acks settled deliveries: one `multiple` ack up to the highest tag when no
+    /// held delivery sits below it (a multiple ack would take those too),
+    /// otherwise one ack each.
+    async fn ack(&self, settled: Vec<u64>) -> Result<(), Error> {
+        let Some(&highest) = settled.iter().max() else {
+            return Ok(());
+        };
+        if self.held_keys.keys().all(|held| *held > highest) {
+            let multiple = BasicAckOptions { multiple: true };
+            self.channel.basic_ack(highest, multiple).await?;
+        } else {
+            for tag in settled {
+                self.channel
+                    .basic_ack(tag, BasicAckOptions::default())
+                    .await?;
             }
         }
         Ok(())

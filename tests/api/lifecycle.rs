@@ -278,11 +278,12 @@ async fn purge_all(vhost: &str) -> usize {
 }
 
 async fn sweeper_catches_what_the_broker_lost(backend: Backend) {
-    // Windows long enough that every timer is still in the broker when it is purged.
+    // Windows long enough that every timer still sits in its first TTL level (8 s)
+    // when it is purged: not between levels, not held in a consumer's memory.
     let app = spawn_app(
         Spawn::new(backend, DelayMode::Ttl)
-            .env("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "8s")
-            .env("ORDER_TIMEOUT__WINDOWS__RECEIPT", "8s")
+            .env("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "16s")
+            .env("ORDER_TIMEOUT__WINDOWS__RECEIPT", "16s")
             .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
             .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "1s")
             .env("ORDER_TIMEOUT__SWEEPER__GRACE", "1s"),
@@ -294,7 +295,7 @@ async fn sweeper_catches_what_the_broker_lost(backend: Backend) {
     let mut shipped = Vec::new();
     let started = std::time::Instant::now();
     for _ in 0..10 {
-        unpaid.push(app.order(&[("A", 1)], "8s").await);
+        unpaid.push(app.order(&[("A", 1)], "16s").await);
         let p = app.order(&[("A", 2)], "10m").await;
         assert_eq!(app.post(&p, "pay").await.0, 200);
         paid.push(p);
@@ -318,8 +319,8 @@ async fn sweeper_catches_what_the_broker_lost(backend: Backend) {
         started.elapsed()
     );
 
-    // interval + grace after each deadline (all ≤ 8 s from the start), with slack for the sweep.
-    let within = Duration::from_secs(8 + 1 + 1 + 3);
+    // interval + grace after each deadline (all ≤ 16 s from the start), with slack for the sweep.
+    let within = Duration::from_secs(16 + 1 + 1 + 3);
     for id in &unpaid {
         app.wait_status(id, "cancelled", within).await;
     }
