@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat, Value, ValueKind};
 
+pub use crate::amqp::topology::QueueType;
+
 /// Environment variable prefix; sections and keys are separated by `__`.
 pub const ENV_PREFIX: &str = "ORDER_TIMEOUT";
 /// Environment variable naming the TOML file when `--config` is not given.
@@ -30,6 +32,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("amqp.prefix", "order.timeouts"),
     ("amqp.delay_mode", "auto"),
     ("amqp.prefetch", "500"),
+    ("amqp.queue_type", "classic"),
     ("amqp.instance", ""),
     ("amqp.tls_ca_file", ""),
     ("http.bind", "127.0.0.1:8080"),
@@ -167,6 +170,8 @@ pub struct AmqpSettings {
     pub delay_mode: DelayMode,
     /// Deliveries the broker may push before an ack (per consumer).
     pub prefetch: u16,
+    /// Classic (fastest, one node) or quorum (replicated) queues.
+    pub queue_type: QueueType,
     /// This instance's name in connection names (defaults to host and pid).
     pub instance: String,
     /// Extra CA certificates (PEM) to trust for `amqps://`, from `amqp.tls_ca_file`.
@@ -387,6 +392,16 @@ impl Settings {
                     }
                 },
                 prefetch: parse_range("amqp.prefetch", get("amqp.prefetch"), 1, 65535)?,
+                queue_type: match get("amqp.queue_type") {
+                    "classic" => QueueType::Classic,
+                    "quorum" => QueueType::Quorum,
+                    other => {
+                        return Err(invalid(
+                            "amqp.queue_type",
+                            format!("'{other}' (expected classic or quorum)"),
+                        ));
+                    }
+                },
                 instance: match get("amqp.instance") {
                     "" => default_instance(),
                     name => name.to_string(),
@@ -503,6 +518,10 @@ impl Settings {
             ("amqp.prefix", d.amqp.prefix.clone()),
             ("amqp.delay_mode", d.amqp.delay_mode.as_str().to_string()),
             ("amqp.prefetch", d.amqp.prefetch.to_string()),
+            (
+                "amqp.queue_type",
+                format!("{:?}", d.amqp.queue_type).to_lowercase(),
+            ),
             ("amqp.instance", d.amqp.instance.clone()),
             (
                 "amqp.tls_ca_file",

@@ -48,7 +48,7 @@ pub fn definitions(names: &Names, mode: Mode) -> Value {
             })
         })
         .collect();
-    let queues: Vec<Value> = topology::queues(names, mode)
+    let queues: Vec<Value> = topology::queues(names, mode, topology::QueueType::Classic)
         .iter()
         .map(|q| {
             json!({

@@ -155,7 +155,7 @@ pub async fn supervise<F, Fut>(
             let conn = connect(&ctx.settings.amqp, role).await?;
             if role == DECLARER {
                 let channel = conn.create_channel().await?;
-                topology::declare(&channel, &ctx.names, mode).await?;
+                topology::declare(&channel, &ctx.names, mode, ctx.settings.amqp.queue_type).await?;
                 let _ = channel.close(200, "declared".into()).await;
                 ctx.topology_declared();
             } else {

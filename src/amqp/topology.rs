@@ -231,10 +231,23 @@ fn args(pairs: &[(&str, Arg)]) -> FieldTable {
     table
 }
 
-/// Arguments every queue of ours gets: classic queue version 2, which keeps
-/// messages on disk with a small index and moves a due burst out faster than v1.
-fn queue_args(extra: Args) -> Args {
-    let mut pairs = vec![("x-queue-version", Arg::Int(2))];
+/// Which kind of queue holds the timers (`amqp.queue_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueType {
+    /// Classic queues, version 2: single node, fastest.
+    Classic,
+    /// Quorum queues: replicated (Raft), so timers survive losing a node.
+    Quorum,
+}
+
+/// Arguments every queue of ours gets. Classic: version 2, which keeps messages
+/// on disk with a small index and moves a due burst out faster than v1.
+/// Quorum: replicated on every member of the cluster.
+fn queue_args(queue_type: QueueType, extra: Args) -> Args {
+    let mut pairs = match queue_type {
+        QueueType::Classic => vec![("x-queue-version", Arg::Int(2))],
+        QueueType::Quorum => vec![("x-queue-type", Arg::Text("quorum".into()))],
+    };
     pairs.extend(extra);
     pairs
 }
@@ -282,35 +295,50 @@ pub fn exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
 }
 
 /// The queues of `mode`, in the order they are declared.
-pub fn queues(names: &Names, mode: Mode) -> Vec<QueueSpec> {
+pub fn queues(names: &Names, mode: Mode, queue_type: QueueType) -> Vec<QueueSpec> {
     let mut out = vec![
         QueueSpec {
             name: names.ingest(),
-            arguments: queue_args(Vec::new()),
+            arguments: queue_args(queue_type, Vec::new()),
         },
         // Parked messages never expire.
         QueueSpec {
             name: names.parked(),
-            arguments: queue_args(Vec::new()),
+            arguments: queue_args(queue_type, Vec::new()),
         },
     ];
     out.extend(TimeoutKind::ALL.map(|kind| QueueSpec {
         name: names.work(kind),
-        arguments: queue_args(Vec::new()),
+        arguments: queue_args(queue_type, Vec::new()),
     }));
     if mode == Mode::Ttl {
         out.extend((0..LEVELS).map(|l| QueueSpec {
             name: names.level(l),
-            arguments: queue_args(vec![
-                // Queue-wide TTL: every message in a level lives exactly as long,
-                // so expiry order is arrival order and the head is always next.
-                ("x-message-ttl", Arg::Long((1i64 << l) * 1000)),
-                // No dead-letter routing key: the original key, with its bits, travels on.
-                ("x-dead-letter-exchange", Arg::Text(names.out(l))),
-            ]),
+            arguments: queue_args(queue_type, level_args(names, l, queue_type)),
         }));
     }
     out
+}
+
+/// The arguments of TTL level `l`.
+fn level_args(names: &Names, l: u32, queue_type: QueueType) -> Args {
+    let mut args = vec![
+        // Queue-wide TTL: every message in a level lives exactly as long,
+        // so expiry order is arrival order and the head is always next.
+        ("x-message-ttl", Arg::Long((1i64 << l) * 1000)),
+        // No dead-letter routing key: the original key, with its bits, travels on.
+        ("x-dead-letter-exchange", Arg::Text(names.out(l))),
+    ];
+    if queue_type == QueueType::Quorum {
+        // Without this a quorum queue dead-letters at most once: a message lost
+        // on the way to the next level would be a lost timer. At-least-once
+        // keeps it until the next level has confirmed it ...
+        args.push(("x-dead-letter-strategy", Arg::Text("at-least-once".into())));
+        // ... which RabbitMQ allows only when a full queue refuses new messages
+        // instead of dropping its oldest.
+        args.push(("x-overflow", Arg::Text("reject-publish".into())));
+    }
+    args
 }
 
 /// The bindings every mode has: entry to ingest, parked to parked, and the due
@@ -377,7 +405,12 @@ async fn bind(channel: &Channel, b: &Binding, nowait: bool) -> Result<(), lapin:
 /// PRECONDITION_FAILED when a name exists with other arguments (for example the
 /// entry exchange left by the other mode): `doctor` explains that case.
 /// [`exchanges`], [`queues`] and [`bindings`] say what; `definitions` exports the same.
-pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(), lapin::Error> {
+pub async fn declare(
+    channel: &Channel,
+    names: &Names,
+    mode: Mode,
+    queue_type: QueueType,
+) -> Result<(), lapin::Error> {
     for x in exchanges(names, mode) {
         // Durable: the topology must outlive a broker restart; never auto-deleted.
         let options = ExchangeDeclareOptions {
@@ -393,7 +426,7 @@ pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(),
             )
             .await?;
     }
-    for q in queues(names, mode) {
+    for q in queues(names, mode, queue_type) {
         let options = QueueDeclareOptions {
             durable: true,
             ..Default::default()
@@ -433,7 +466,7 @@ pub async fn declare(channel: &Channel, names: &Names, mode: Mode) -> Result<(),
 /// operators who mean it.
 pub async fn delete_all(channel: &Channel, names: &Names) -> Result<(), lapin::Error> {
     // TTL mode's names are a superset of plugin mode's.
-    for q in queues(names, Mode::Ttl) {
+    for q in queues(names, Mode::Ttl, QueueType::Classic) {
         channel
             .queue_delete(q.name.as_str().into(), Default::default())
             .await?;

@@ -547,3 +547,56 @@ async fn sigterm_drains_and_sigkill_loses_nothing() {
         json!({"sku": "A", "available": 1000, "reserved": 0, "sold": 0})
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_queues_carry_a_full_timeout_cycle() {
+    let app = spawn_app(
+        Spawn::new(Backend::Postgres, DelayMode::Ttl)
+            .env("ORDER_TIMEOUT__AMQP__QUEUE_TYPE", "quorum"),
+    )
+    .await;
+    let queue = |name: String| {
+        let vhost = app.vhost.clone();
+        async move {
+            let q: Value = management()
+                .get(format!("{MANAGEMENT}/queues/{vhost}/{name}"))
+                .basic_auth("guest", Some("guest"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            q
+        }
+    };
+    for l in [0, 5, 22] {
+        let q = queue(app.names.level(l)).await;
+        assert_eq!(q["type"], "quorum", "{q}");
+        let args = &q["arguments"];
+        assert_eq!(args["x-queue-type"], "quorum", "{q}");
+        assert_eq!(args["x-dead-letter-strategy"], "at-least-once", "{q}");
+        assert_eq!(args["x-overflow"], "reject-publish", "{q}");
+        assert_eq!(args["x-message-ttl"], (1i64 << l) * 1000, "{q}");
+        assert_eq!(args["x-dead-letter-exchange"], app.names.out(l), "{q}");
+    }
+    for name in [
+        app.names.work(order_timeout::domain::TimeoutKind::Payment),
+        app.names.ingest(),
+        app.names.parked(),
+    ] {
+        assert_eq!(queue(name).await["type"], "quorum");
+    }
+    // 3 s: a stay in level 1 (2 s), then level 0 (1 s), both quorum.
+    app.put_stock("A", 5).await;
+    let id = app.order(&[("A", 5)], "3s").await;
+    let order = app
+        .wait_status(&id, "cancelled", Duration::from_secs(10))
+        .await;
+    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
+    assert!(
+        (0..1000).contains(&lateness),
+        "cancelled {lateness} ms after the deadline"
+    );
+    assert_eq!(app.stock("A").await["available"], 5);
+}
