@@ -4,6 +4,7 @@
 #   make test    lint, unit and integration tests against the real services
 #   make lint    rustfmt and clippy, warnings denied
 #   make services  start whatever local service is down (RabbitMQ, PostgreSQL, MariaDB)
+#   make chaos   minutes of injected faults, then a ledger check (docs/RELIABILITY.md)
 #   make bench   burst, steady load, checkout and the machine's ceiling (docs/BENCHMARKS.md)
 #   make bench-million  a million pending timers in ttl mode: memory and scheduling time
 
@@ -14,7 +15,7 @@ PYTHON := $(VENV)/bin/python
 # Integration tests mostly wait for deadlines to pass, so many run at once.
 TEST_THREADS ?= 16
 
-.PHONY: run test lint services broker databases examples-deps tools clean bench bench-million
+.PHONY: run test lint services broker databases examples-deps tools clean bench bench-million chaos
 
 run: broker
 	$(CARGO) run --release -- serve
@@ -75,6 +76,12 @@ $(VENV)/.installed: rabbitmq/examples/python/requirements.txt
 
 # Options go in BENCH_ARGS, for example BENCH_ARGS="--db sqlite --burst 5000".
 BENCH_ARGS ?=
+
+# Minutes of faults (connections killed, broker stopped, database refused, SIGKILL)
+# and a ledger check; writes docs/RELIABILITY.md. Stops the broker application:
+# never run it beside make test.
+chaos: services
+	$(CARGO) test --release --test chaos -- --ignored --nocapture
 
 bench:
 	$(CARGO) build --release && ./target/release/order-timeout bench $(BENCH_ARGS)
