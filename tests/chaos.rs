@@ -63,10 +63,7 @@ impl Service {
             .stderr(Stdio::null())
             .spawn()
             .expect("serve starts");
-        Service {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        }
+        Service { child }
     }
 }
 
