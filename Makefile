@@ -1,6 +1,7 @@
 # order-timeout: the commands a developer and CI run. `.ci/run` calls `make test`.
 #
 #   make run     start the service on its defaults (SQLite file here, local broker)
+#   make demo    watch orders being paid and cancelled live (needs only RabbitMQ)
 #   make test    lint, unit and integration tests against the real services
 #   make lint    rustfmt and clippy, warnings denied
 #   make services  start whatever local service is down (RabbitMQ, PostgreSQL, MariaDB)
@@ -15,10 +16,14 @@ PYTHON := $(VENV)/bin/python
 # Integration tests mostly wait for deadlines to pass, so many run at once.
 TEST_THREADS ?= 16
 
-.PHONY: run test lint services broker databases examples-deps tools clean bench bench-million chaos
+.PHONY: run test lint services broker databases examples-deps tools clean bench bench-million chaos demo
 
 run: broker
 	$(CARGO) run --release -- serve
+
+# A live demo: a few orders on a temporary database, the unpaid cancelled at their deadlines.
+demo: broker
+	$(CARGO) run --release -- demo
 
 test: services examples-deps tools lint
 	$(CARGO) build --release --locked

@@ -1,4 +1,4 @@
-//! The command line: `serve`, `migrate`, `doctor`, `schedule` and `bench`. Each parses its
+//! The command line: `serve`, `migrate`, `doctor`, `schedule`, `demo` and `bench`. Each parses its
 //! arguments, loads the settings (a wrong value stops here, naming its key) and
 //! calls the library.
 
@@ -46,6 +46,9 @@ pub enum Command {
     },
     /// Check settings, database, broker, plugin and topology; exit non-zero on a problem.
     Doctor,
+    /// Watch it work: a few orders on a temporary database, some paid, the rest
+    /// cancelled live at their deadlines (needs only the broker).
+    Demo,
     /// Publish one timeout per the wire contract (as any checkout would).
     Schedule {
         /// The order's id.
@@ -87,6 +90,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if matches!(cli.command, Command::Demo) {
+        // The demo speaks for itself; only trouble goes to the log.
+        settings.log.level = "warn,lapin=off".into();
+    }
     telemetry::init(&settings.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -108,6 +115,7 @@ pub fn main() -> ExitCode {
             }
             Command::Migrate { action } => migrate(settings, action).await,
             Command::Doctor => Ok(doctor::run(&settings).await),
+            Command::Demo => crate::demo::run(settings).await,
             Command::Schedule {
                 order_id,
                 kind,

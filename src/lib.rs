@@ -19,6 +19,7 @@ pub mod app;
 pub mod bench;
 pub mod cli;
 pub mod db;
+pub mod demo;
 pub mod doctor;
 pub mod domain;
 pub mod http;

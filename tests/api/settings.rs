@@ -192,3 +192,41 @@ fn credentials_never_reach_logs() {
     );
     assert!(!all.contains("hunter2"), "{all}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_finishes_in_under_a_minute_and_leaves_nothing() {
+    let vhost = Vhost::create().await;
+    let started = std::time::Instant::now();
+    let out = Command::new(BIN)
+        .arg("demo")
+        .env(
+            "ORDER_TIMEOUT__AMQP__URL",
+            format!("{BROKER}/{}", vhost.name()),
+        )
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < Duration::from_secs(60), "the demo took {took:?}");
+    assert!(
+        stdout.contains("6 orders: 2 paid, 4 cancelled at their deadline"),
+        "{stdout}"
+    );
+    // Piped: plain lines, no escape codes.
+    assert!(!stdout.contains('\x1b'), "{stdout}");
+    let queues: Vec<serde_json::Value> = management()
+        .get(format!("{MANAGEMENT}/queues/{}", vhost.name()))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(queues.is_empty(), "the demo left queues behind: {queues:?}");
+}

@@ -1,0 +1,336 @@
+//! `order-timeout demo`: the service, live, in under a minute. It starts the real
+//! service in-process on a temporary SQLite file and a throwaway prefix on the
+//! configured broker, stocks a few SKUs, places orders with short windows
+//! through the HTTP API, pays some, and shows the others being cancelled at
+//! their deadlines and their stock coming back. Colour and a progress line on a
+//! terminal; plain lines when piped (or with `NO_COLOR`). Everything it made is
+//! removed at the end.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::{self, topology};
+use crate::app::Application;
+use crate::domain::Millis;
+use crate::settings::{Secret, Settings};
+
+const STOCK: [(&str, i64); 3] = [("TSHIRT", 10), ("MUG", 6), ("POSTER", 4)];
+/// One demo order: its items, its payment window, and when (ms) it is paid, if at all.
+type DemoOrder = (&'static [(&'static str, i64)], &'static str, Option<u64>);
+
+const ORDERS: [DemoOrder; 6] = [
+    (&[("TSHIRT", 2)], "4s", None),
+    (&[("MUG", 1), ("POSTER", 1)], "6s", Some(1500)),
+    (&[("TSHIRT", 1)], "8s", None),
+    (&[("POSTER", 2)], "5s", Some(2500)),
+    (&[("MUG", 3)], "7s", None),
+    (&[("TSHIRT", 3), ("MUG", 1)], "9s", None),
+];
+
+struct Style {
+    colour: bool,
+    live: bool,
+}
+
+impl Style {
+    fn paint(&self, code: &str, text: &str) -> String {
+        if self.colour {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+    fn line(&self, text: &str) {
+        let mut out = std::io::stdout();
+        if self.live {
+            // Clear the progress line first.
+            let _ = write!(out, "\r\x1b[2K");
+        }
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    }
+    fn progress(&self, text: &str) {
+        if self.live {
+            let mut out = std::io::stdout();
+            let _ = write!(out, "\r\x1b[2K{}", self.paint("2", text));
+            let _ = out.flush();
+        }
+    }
+}
+
+fn clock() -> String {
+    chrono::Utc::now().format("%H:%M:%S%.3f").to_string()
+}
+
+/// Runs the demo; exits non-zero if anything did not happen as it should.
+pub async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
+    let terminal = std::io::stdout().is_terminal();
+    let style = Style {
+        colour: terminal && std::env::var_os("NO_COLOR").is_none(),
+        live: terminal,
+    };
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let db_path = std::env::temp_dir().join(format!("order-timeout-demo-{tag}.db"));
+    settings.database.url = Secret::new(format!("sqlite://{}?mode=rwc", db_path.display()));
+    settings.database.migrate_on_start = true;
+    settings.amqp.prefix = format!("order-timeout-demo.{tag}");
+    settings.http.bind = "127.0.0.1:0".parse()?;
+    settings.sweeper.enabled = true;
+    settings.sweeper.interval = Duration::from_secs(1);
+    settings.sweeper.grace = Duration::from_secs(3);
+    let amqp_settings = settings.amqp.clone();
+
+    style.line(&style.paint("1", "order-timeout demo"));
+    style.line(&format!(
+        "  broker {}, exchange {}, database {}",
+        settings.amqp.url.redacted(),
+        settings.amqp.prefix,
+        db_path.display()
+    ));
+    let app = Application::build(settings).await?;
+    let base = format!("http://{}", app.local_addr());
+    let ctx = app.context();
+    let shutdown = CancellationToken::new();
+    let service = tokio::spawn(app.run(shutdown.clone()));
+    let outcome = drive(&style, &base).await;
+    let mode = ctx.resolved_mode();
+
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(25), service).await;
+    // Leave nothing behind: the demo's exchanges and queues, and its database.
+    if let Ok(conn) = amqp::connect(&amqp_settings, "demo-cleanup").await {
+        if let Ok(channel) = conn.create_channel().await {
+            let _ =
+                topology::delete_all(&channel, &topology::Names::new(&amqp_settings.prefix)).await;
+        }
+        let _ = conn.close(200, "demo done".into()).await;
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db_path.display()));
+    }
+    match outcome {
+        Ok(()) => {
+            let mode = mode.map(|m| m.as_str()).unwrap_or("?");
+            style.line(&format!(
+                "  (delay mode: {mode}; everything the demo made has been removed)"
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            style.line(&style.paint("31", &format!("demo failed: {e:#}")));
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let started = Instant::now();
+    while !http
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the service did not become ready (is RabbitMQ running?)"
+        );
+        style.progress("connecting to the broker and declaring the topology…");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    style.line(&format!("{}  service ready at {base}", clock()));
+
+    for (sku, available) in STOCK {
+        http.put(format!("{base}/inventory/{sku}"))
+            .json(&json!({ "available": available }))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    style.line(&format!(
+        "{}  stocked {}",
+        clock(),
+        STOCK
+            .iter()
+            .map(|(s, n)| format!("{s}={n}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+
+    let mut orders: Vec<(String, Option<u64>, Value)> = Vec::new();
+    for (items, window, pay_after) in ORDERS {
+        let body = json!({
+            "items": items.iter().map(|(s, q)| json!({"sku": s, "quantity": q})).collect::<Vec<_>>(),
+            "payment_window": window,
+        });
+        let order: Value = http
+            .post(format!("{base}/orders"))
+            .json(&body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let id = order["id"].as_str().unwrap_or_default().to_string();
+        let what = items
+            .iter()
+            .map(|(s, q)| format!("{q}×{s}"))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let plan = if pay_after.is_some() {
+            style.paint("32", "will be paid")
+        } else {
+            style.paint("33", "will not be paid")
+        };
+        style.line(&format!(
+            "{}  order {id}: {what}, pay within {window} ({plan})",
+            clock()
+        ));
+        orders.push((id, pay_after, order));
+    }
+
+    let placed = Instant::now();
+    let mut status: HashMap<String, String> = orders
+        .iter()
+        .map(|(id, _, _)| (id.clone(), "pending_payment".into()))
+        .collect();
+    let mut paid_sent: Vec<String> = Vec::new();
+    loop {
+        anyhow::ensure!(
+            placed.elapsed() < Duration::from_secs(40),
+            "orders were not all settled within 40 s"
+        );
+        for (id, pay_after, _) in &orders {
+            if let Some(after) = pay_after
+                && placed.elapsed() >= Duration::from_millis(*after)
+                && !paid_sent.contains(id)
+            {
+                paid_sent.push(id.clone());
+                let resp = http.post(format!("{base}/orders/{id}/pay")).send().await?;
+                anyhow::ensure!(
+                    resp.status().is_success(),
+                    "paying order {id} failed: {}",
+                    resp.status()
+                );
+                style.line(&format!(
+                    "{}  order {id} {}",
+                    clock(),
+                    style.paint("32", "paid: its stock is sold")
+                ));
+                status.insert(id.clone(), "paid".into());
+            }
+        }
+        let mut pending = Vec::new();
+        for (id, _, _) in &orders {
+            if status[id] != "pending_payment" {
+                continue;
+            }
+            let order: Value = http
+                .get(format!("{base}/orders/{id}?include=audit"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            if order["status"] == "cancelled" {
+                let lateness = late_ms(&order);
+                let by = order["audit"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|e| e["event"] == "cancelled"))
+                    .and_then(|e| e["cause"].as_str())
+                    .unwrap_or("?")
+                    .to_string();
+                let stock = back_on_sale(&http, base, &order).await?;
+                style.line(&format!(
+                    "{}  order {id} {} by {by}, {lateness} ms after its deadline; back on sale: {stock}",
+                    clock(),
+                    style.paint("31", "cancelled"),
+                ));
+                status.insert(id.clone(), "cancelled".into());
+            } else {
+                let deadline =
+                    Millis::parse_rfc3339(order["pay_deadline"].as_str().unwrap_or_default())
+                        .map_err(anyhow::Error::msg)?;
+                pending.push(deadline.signed_since(Millis::now()).max(0));
+            }
+        }
+        if pending.is_empty() {
+            break;
+        }
+        let next = pending.iter().min().copied().unwrap_or(0);
+        style.progress(&format!(
+            "{} order(s) waiting for payment; next deadline in {:.1} s",
+            pending.len(),
+            next as f64 / 1000.0
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    style.line(&style.paint("1", "summary"));
+    let cancelled: Vec<&String> = status
+        .iter()
+        .filter(|(_, s)| *s == "cancelled")
+        .map(|(id, _)| id)
+        .collect();
+    style.line(&format!(
+        "  {} orders: {} paid, {} cancelled at their deadline",
+        orders.len(),
+        paid_sent.len(),
+        cancelled.len()
+    ));
+    for (sku, stocked) in STOCK {
+        let s: Value = http
+            .get(format!("{base}/inventory/{sku}"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let (a, r, so) = (
+            s["available"].as_i64().unwrap_or(-1),
+            s["reserved"].as_i64().unwrap_or(-1),
+            s["sold"].as_i64().unwrap_or(-1),
+        );
+        anyhow::ensure!(
+            a + r + so == stocked && r == 0,
+            "stock of {sku} does not add up: {s}"
+        );
+        style.line(&format!(
+            "  {sku:<7} available {a:>2}  reserved {r}  sold {so:>2}  (stocked {stocked})"
+        ));
+    }
+    Ok(())
+}
+
+fn late_ms(order: &Value) -> i64 {
+    let at = |f: &str| {
+        Millis::parse_rfc3339(order[f].as_str().unwrap_or_default())
+            .map(|m| m.0)
+            .unwrap_or(0)
+    };
+    at("cancelled_at") - at("pay_deadline")
+}
+
+async fn back_on_sale(http: &reqwest::Client, base: &str, order: &Value) -> anyhow::Result<String> {
+    let mut parts = Vec::new();
+    for item in order["items"].as_array().cloned().unwrap_or_default() {
+        let sku = item["sku"].as_str().unwrap_or_default();
+        let s: Value = http
+            .get(format!("{base}/inventory/{sku}"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        parts.push(format!(
+            "{}×{sku} ({} available)",
+            item["quantity"], s["available"]
+        ));
+    }
+    Ok(parts.join(", "))
+}
