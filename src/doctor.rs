@@ -8,10 +8,9 @@ use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ExchangeKind};
 
-use crate::amqp::topology::{LEVELS, Mode, Names, probe_plugin};
+use crate::amqp::topology::{self, Mode, Names, probe_plugin};
 use crate::amqp::{self};
 use crate::db;
-use crate::domain::TimeoutKind;
 use crate::settings::{DelayMode, Settings};
 
 struct Report {
@@ -152,39 +151,51 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
         Ok(c) => c,
         Err(e) => return report.fail("topology", e),
     };
-    let mut exchanges = vec![names.entry().to_string(), names.due(), names.parked()];
-    let mut queues = vec![names.ingest(), names.parked()];
-    queues.extend(TimeoutKind::ALL.map(|k| names.work(k)));
-    if mode == Mode::Ttl {
-        exchanges.extend((0..=LEVELS).map(|l| names.out(l)));
-        queues.extend((0..LEVELS).map(|l| names.level(l)));
-    }
+    let exchanges = topology::exchanges(names, mode);
+    let queues = topology::queues(names, mode, settings.amqp.queue_type);
     let mut missing = Vec::new();
+    let mut differing = Vec::new();
     let mut backlog = Vec::new();
     for x in &exchanges {
-        if !exists(&conn, x, None).await {
-            missing.push(format!("exchange {x}"));
+        if !exists(&conn, &x.name, None).await {
+            missing.push(format!("exchange {}", x.name));
+        } else if let Err(e) = on_fresh_channel(&conn, |ch| async move {
+            topology::declare_exchange(&ch, x).await
+        })
+        .await
+        {
+            differing.push(format!("exchange {} ({})", x.name, short(&e)));
         }
     }
     for q in &queues {
         let mut count = None;
-        if !exists(&conn, q, Some(&mut count)).await {
-            missing.push(format!("queue {q}"));
-        } else if let Some(n) = count.filter(|n| *n > 0) {
-            backlog.push(format!("{q}={n}"));
+        if !exists(&conn, &q.name, Some(&mut count)).await {
+            missing.push(format!("queue {}", q.name));
+            continue;
+        }
+        if let Some(n) = count.filter(|n| *n > 0) {
+            backlog.push(format!("{}={n}", q.name));
+        }
+        if let Err(e) = on_fresh_channel(&conn, |ch| async move {
+            topology::declare_queue(&ch, q).await.map(|_| ())
+        })
+        .await
+        {
+            differing.push(format!("queue {} ({})", q.name, short(&e)));
         }
     }
     let _ = conn.close(200, "doctor".into()).await;
-    if missing.is_empty() {
+    if missing.is_empty() && differing.is_empty() {
         report.ok(
             "topology",
             format!(
-                "{} exchanges and {} queues declared",
+                "{} exchanges and {} queues declared, types and arguments as expected",
                 exchanges.len(),
                 queues.len()
             ),
         );
-    } else {
+    }
+    if !missing.is_empty() {
         report.fail(
             "topology",
             format!(
@@ -194,8 +205,39 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
             ),
         );
     }
+    if !differing.is_empty() {
+        report.fail(
+            "topology",
+            format!(
+                "{} declared with another type or other arguments (another delay mode or queue type?): {}",
+                differing.len(),
+                differing.join(", ")
+            ),
+        );
+    }
     if !backlog.is_empty() {
         report.note("messages waiting", backlog.join(", "));
+    }
+}
+
+/// Runs one declaration on its own channel: a 406 closes that channel only.
+async fn on_fresh_channel<F, Fut>(conn: &Connection, f: F) -> Result<(), lapin::Error>
+where
+    F: FnOnce(Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<(), lapin::Error>>,
+{
+    let channel = conn.create_channel().await?;
+    let result = f(channel.clone()).await;
+    let _ = channel.close(200, "checked".into()).await;
+    result
+}
+
+/// The broker's reason without the protocol noise.
+fn short(e: &lapin::Error) -> String {
+    let text = e.to_string();
+    match text.find("PRECONDITION_FAILED - ") {
+        Some(i) => crate::domain::truncate(&text[i + "PRECONDITION_FAILED - ".len()..], 160),
+        None => crate::domain::truncate(&text, 160),
     }
 }
 

@@ -10,14 +10,19 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::get;
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::{IntoParams, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::app::Context;
 use crate::db;
-use crate::db::store::{self, Action, CheckoutError, NewItem, TransitionError};
+use crate::db::store::{
+    self, Action, CheckoutError, NewItem, OrderView, StockView, TransitionError,
+};
 use crate::domain::{Millis, OrderId, OrderStatus};
 use crate::settings::parse_window;
 
@@ -104,16 +109,63 @@ impl From<TransitionError> for ApiError {
     }
 }
 
+/// The OpenAPI document's frame; every path in it comes from a handler's
+/// `#[utoipa::path]` through [`OpenApiRouter`], so a route cannot exist
+/// undocumented or be documented without existing.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "order-timeout",
+        description = "Closes e-commerce orders whose deadline passed: RabbitMQ keeps the deadlines, the database decides. Ids are strings, times RFC 3339 UTC, errors `{\"error\": \"...\"}`."
+    ),
+    tags(
+        (name = "inventory", description = "Stock per SKU"),
+        (name = "orders", description = "Checkout and the order lifecycle"),
+        (name = "operations", description = "Health, readiness, metrics")
+    )
+)]
+struct ApiDoc;
+
+/// An error answer.
+#[derive(Serialize, ToSchema)]
+struct ErrorBody {
+    /// What is wrong, for people.
+    error: String,
+    /// The order's current status, on a 409 about a transition.
+    #[schema(nullable = false)]
+    status: Option<String>,
+}
+
+/// The routes and the OpenAPI document they make.
+fn routes() -> (Router<Arc<Context>>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(put_inventory, get_inventory))
+        .routes(routes!(create_order))
+        .routes(routes!(get_order))
+        .routes(routes!(order_action))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .split_for_parts()
+}
+
+/// The OpenAPI document of the HTTP API, as `/openapi.json` serves it.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes().1
+}
+
 /// All routes over the shared context.
 pub fn router(ctx: Arc<Context>) -> Router {
-    Router::new()
-        .route("/inventory/{sku}", put(put_inventory).get(get_inventory))
-        .route("/orders", post(create_order))
-        .route("/orders/{id}", get(get_order))
-        .route("/orders/{id}/{action}", post(order_action))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+    let (routes, doc) = routes();
+    let doc = Arc::new(doc);
+    routes
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = doc.clone();
+                async move { Json(doc.as_ref().clone()) }
+            }),
+        )
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -149,12 +201,27 @@ fn parse_id(raw: &str) -> Result<OrderId, ApiError> {
     })
 }
 
-#[derive(Deserialize)]
+/// New stock for a SKU.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct StockBody {
     available: i64,
 }
 
+#[utoipa::path(
+    put,
+    path = "/inventory/{sku}",
+    tag = "inventory",
+    params(("sku" = String, Path, description = "1 to 64 of A-Z a-z 0-9 - _ . :")),
+    request_body = StockBody,
+    responses(
+        (status = 200, description = "The SKU's stock; `available` set (restocking)", body = StockView),
+        (status = 422, description = "`available` outside 0..10^12", body = ErrorBody),
+        (status = 413, description = "Body over 64 KiB", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
 async fn put_inventory(
     State(ctx): State<Arc<Context>>,
     Path(sku): Path<String>,
@@ -171,6 +238,18 @@ async fn put_inventory(
     Ok(Json(stock).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/inventory/{sku}",
+    tag = "inventory",
+    params(("sku" = String, Path, description = "The SKU")),
+    responses(
+        (status = 200, description = "The SKU's stock", body = StockView),
+        (status = 404, description = "Unknown SKU", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
 async fn get_inventory(
     State(ctx): State<Arc<Context>>,
     Path(sku): Path<String>,
@@ -182,14 +261,16 @@ async fn get_inventory(
     }
 }
 
-#[derive(Deserialize)]
+/// One line of a new order.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ItemBody {
     sku: String,
     quantity: i64,
 }
 
-#[derive(Deserialize)]
+/// A checkout.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct OrderBody {
     items: Vec<ItemBody>,
@@ -237,6 +318,21 @@ fn checkout_request(
     Ok((items, window))
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders",
+    tag = "orders",
+    request_body = OrderBody,
+    responses(
+        (status = 201, description = "Created `pending_payment`, stock reserved, payment timeout scheduled", body = OrderView),
+        (status = 409, description = "Stock is short; nothing was reserved", body = ErrorBody),
+        (status = 413, description = "Body over 64 KiB", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "Unknown SKU, quantity outside 1..1000000, no items, a SKU twice, a window outside 1 ms..49.7 days", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
 async fn create_order(
     State(ctx): State<Arc<Context>>,
     body: Result<Json<OrderBody>, JsonRejection>,
@@ -277,12 +373,25 @@ async fn create_order(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct OrderQuery {
     /// `audit` adds the audit trail to the order.
     include: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/orders/{id}",
+    tag = "orders",
+    params(("id" = String, Path, description = "The order id"), OrderQuery),
+    responses(
+        (status = 200, description = "The order (with its audit trail when `include=audit`)", body = OrderView),
+        (status = 404, description = "No such order", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
 async fn get_order(
     State(ctx): State<Arc<Context>>,
     Path(id): Path<String>,
@@ -305,6 +414,22 @@ async fn get_order(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders/{id}/{action}",
+    tag = "orders",
+    params(
+        ("id" = String, Path, description = "The order id"),
+        ("action" = String, Path, description = "`pay` (inside the window), `ship`, `confirm` or `cancel` (before payment)")
+    ),
+    responses(
+        (status = 200, description = "The order after the transition", body = OrderView),
+        (status = 404, description = "No such order or action", body = ErrorBody),
+        (status = 409, description = "The state diagram forbids it; `status` names the current status. A payment after the deadline cancels the order and is recorded as a late payment", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
 async fn order_action(
     State(ctx): State<Arc<Context>>,
     Path((id, action)): Path<(String, String)>,
@@ -336,11 +461,26 @@ async fn order_action(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses((status = 200, description = "The process is alive (touches nothing)", body = serde_json::Value))
+)]
 async fn healthz() -> Response {
     // Touches nothing: the process is alive and serving.
     Json(json!({ "status": "ok" })).into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Database and every broker role ready; per dependency", body = serde_json::Value),
+        (status = 503, description = "Something is not ready; the body says what", body = serde_json::Value)
+    )
+)]
 async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
     let database = db::ping(&ctx.db).await;
     let broker = ctx.health.broker();
@@ -366,6 +506,12 @@ async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
     (status, Json(body)).into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String))
+)]
 async fn metrics(State(ctx): State<Arc<Context>>) -> Response {
     (
         [(

@@ -412,28 +412,10 @@ pub async fn declare(
     queue_type: QueueType,
 ) -> Result<(), lapin::Error> {
     for x in exchanges(names, mode) {
-        // Durable: the topology must outlive a broker restart; never auto-deleted.
-        let options = ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        channel
-            .exchange_declare(
-                x.name.as_str().into(),
-                x.kind.to_lapin(),
-                options,
-                args(&x.arguments),
-            )
-            .await?;
+        declare_exchange(channel, &x).await?;
     }
     for q in queues(names, mode, queue_type) {
-        let options = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        channel
-            .queue_declare(q.name.as_str().into(), options, args(&q.arguments))
-            .await?;
+        declare_queue(channel, &q).await?;
     }
     for b in core_bindings(names) {
         bind(channel, &b, false).await?;
@@ -459,6 +441,36 @@ pub async fn declare(
             .await?;
     }
     Ok(())
+}
+
+/// Declares one exchange as [`declare`] does. On an existing exchange this
+/// creates nothing, and fails (406, closing the channel) when its type or
+/// arguments differ: `doctor` uses that to check the topology matches.
+pub async fn declare_exchange(channel: &Channel, x: &ExchangeSpec) -> Result<(), lapin::Error> {
+    // Durable: the topology must outlive a broker restart; never auto-deleted.
+    let options = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .exchange_declare(
+            x.name.as_str().into(),
+            x.kind.to_lapin(),
+            options,
+            args(&x.arguments),
+        )
+        .await
+}
+
+/// Declares one queue as [`declare`] does; see [`declare_exchange`].
+pub async fn declare_queue(channel: &Channel, q: &QueueSpec) -> Result<lapin::Queue, lapin::Error> {
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(q.name.as_str().into(), options, args(&q.arguments))
+        .await
 }
 
 /// Deletes everything [`declare`] may have created under these names, for tests

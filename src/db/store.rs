@@ -31,7 +31,7 @@ pub struct NewItem {
 }
 
 /// One line of an order, as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ItemView {
     /// The SKU.
     pub sku: String,
@@ -40,42 +40,54 @@ pub struct ItemView {
 }
 
 /// An order as the API shows it. Later deadlines and timestamps appear once they exist.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct OrderView {
     /// The id, as a string.
+    #[schema(value_type = String, example = "42")]
     pub id: OrderId,
     /// Current status.
+    #[schema(value_type = String, example = "pending_payment")]
     pub status: OrderStatus,
     /// What was ordered.
     pub items: Vec<ItemView>,
     /// End of the payment window.
+    #[schema(value_type = String, format = DateTime)]
     pub pay_deadline: Millis,
     /// Checkout time.
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Millis,
     /// Last change.
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Millis,
     /// Incremented by every transition.
     pub version: i32,
     /// Payment time.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub paid_at: Option<Millis>,
     /// End of the fulfillment window.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub ship_deadline: Option<Millis>,
     /// When the fulfillment timeout found it unshipped.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub fulfillment_overdue_at: Option<Millis>,
     /// Shipping time.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub shipped_at: Option<Millis>,
     /// End of the receipt window.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub confirm_deadline: Option<Millis>,
     /// Completion time.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub completed_at: Option<Millis>,
     /// Cancellation time.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub cancelled_at: Option<Millis>,
     /// The audit trail, oldest first, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,7 +95,7 @@ pub struct OrderView {
 }
 
 /// One audit-trail entry as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct AuditView {
     /// What happened.
     pub event: String,
@@ -95,6 +107,7 @@ pub struct AuditView {
     /// `api`, `timeout` or `sweeper`.
     pub cause: String,
     /// When.
+    #[schema(value_type = String, format = DateTime)]
     pub at: Millis,
     /// More to say, if anything.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -149,7 +162,7 @@ impl Action {
 }
 
 /// Stock of one SKU, as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct StockView {
     /// The SKU.
     pub sku: String,

@@ -7,6 +7,7 @@ mod bench;
 mod core;
 mod examples;
 mod lifecycle;
+mod openapi;
 mod rabbitmq_world;
 mod reliability;
 mod resilience;

@@ -81,11 +81,27 @@ async fn doctor_reports_mode_and_topology_and_schedule_publishes() {
     );
     assert!(stdout.contains("delay mode: ttl"), "{stdout}");
     assert!(
-        stdout.contains("topology: 27 exchanges and 28 queues declared"),
+        stdout.contains(
+            "topology: 27 exchanges and 28 queues declared, types and arguments as expected"
+        ),
         "{stdout}"
     );
     assert!(
         stdout.contains("(env ORDER_TIMEOUT__AMQP__URL)"),
+        "{stdout}"
+    );
+
+    // The same vhost seen with another queue type: doctor says the topology differs.
+    let out = Command::new(BIN)
+        .arg("doctor")
+        .envs(env.clone())
+        .env("ORDER_TIMEOUT__AMQP__QUEUE_TYPE", "quorum")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("28 declared with another type or other arguments"),
         "{stdout}"
     );
 

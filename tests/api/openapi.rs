@@ -1,0 +1,156 @@
+//! The OpenAPI document served at `/openapi.json` is generated from the
+//! handlers; this keeps it true: every documented operation is called, its
+//! answer's status must be one the document lists for it, and a successful
+//! body must carry every property its schema requires.
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+/// The schema a response refers to, resolved in the document's components.
+fn response_schema<'a>(doc: &'a Value, op: &Value, status: u16) -> Option<&'a Value> {
+    let reference =
+        op["responses"][status.to_string()]["content"]["application/json"]["schema"]["$ref"]
+            .as_str()?;
+    let name = reference.rsplit('/').next()?;
+    doc["components"]["schemas"].get(name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_document_matches_what_the_api_does() {
+    let app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
+    let doc: Value = app
+        .http
+        .get(format!("{}/openapi.json", app.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        doc,
+        serde_json::to_value(order_timeout::http::openapi()).unwrap()
+    );
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3."),
+        "{}",
+        doc["openapi"]
+    );
+
+    let mut documented: Vec<(String, String)> = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            documented.push((method.to_uppercase(), path.clone()));
+        }
+    }
+    documented.sort();
+    let expected: Vec<(String, String)> = [
+        ("GET", "/healthz"),
+        ("GET", "/inventory/{sku}"),
+        ("GET", "/metrics"),
+        ("GET", "/orders/{id}"),
+        ("GET", "/readyz"),
+        ("POST", "/orders"),
+        ("POST", "/orders/{id}/{action}"),
+        ("PUT", "/inventory/{sku}"),
+    ]
+    .iter()
+    .map(|(m, p)| (m.to_string(), p.to_string()))
+    .collect();
+    assert_eq!(documented, expected);
+
+    // Calls that succeed and calls that fail, each checked against the document.
+    app.put_stock("DOC", 5).await;
+    let order = app.order(&[("DOC", 1)], "10m").await;
+    let calls: Vec<(&str, &str, String, Option<Value>)> = vec![
+        (
+            "PUT",
+            "/inventory/{sku}",
+            "/inventory/DOC".into(),
+            Some(json!({"available": 7})),
+        ),
+        (
+            "PUT",
+            "/inventory/{sku}",
+            "/inventory/DOC".into(),
+            Some(json!({"available": -1})),
+        ),
+        ("GET", "/inventory/{sku}", "/inventory/DOC".into(), None),
+        ("GET", "/inventory/{sku}", "/inventory/NOPE".into(), None),
+        (
+            "POST",
+            "/orders",
+            "/orders".into(),
+            Some(json!({"items": [{"sku": "DOC", "quantity": 1}]})),
+        ),
+        (
+            "POST",
+            "/orders",
+            "/orders".into(),
+            Some(json!({"items": [{"sku": "DOC", "quantity": 100}]})),
+        ),
+        (
+            "POST",
+            "/orders",
+            "/orders".into(),
+            Some(json!({"items": []})),
+        ),
+        (
+            "GET",
+            "/orders/{id}",
+            format!("/orders/{order}?include=audit"),
+            None,
+        ),
+        ("GET", "/orders/{id}", "/orders/999999".into(), None),
+        (
+            "POST",
+            "/orders/{id}/{action}",
+            format!("/orders/{order}/pay"),
+            None,
+        ),
+        (
+            "POST",
+            "/orders/{id}/{action}",
+            format!("/orders/{order}/cancel"),
+            None,
+        ),
+        (
+            "POST",
+            "/orders/{id}/{action}",
+            format!("/orders/{order}/refund"),
+            None,
+        ),
+        ("GET", "/healthz", "/healthz".into(), None),
+        ("GET", "/readyz", "/readyz".into(), None),
+        ("GET", "/metrics", "/metrics".into(), None),
+    ];
+    for (method, template, url, body) in calls {
+        let op = &doc["paths"][template][method.to_lowercase()];
+        let mut req = app
+            .http
+            .request(method.parse().unwrap(), format!("{}{url}", app.base));
+        if let Some(body) = &body {
+            req = req.json(body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        assert!(
+            op["responses"].get(status.to_string()).is_some(),
+            "{method} {url} answered {status}, which the document does not list: {}",
+            op["responses"]
+        );
+        let text = resp.text().await.unwrap();
+        if let Some(schema) = response_schema(&doc, op, status) {
+            let value: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{method} {url}: not JSON ({e}): {text}"));
+            for required in schema["required"].as_array().into_iter().flatten() {
+                let key = required.as_str().unwrap();
+                assert!(
+                    value.get(key).is_some(),
+                    "{method} {url} ({status}) lacks required `{key}`: {value}"
+                );
+            }
+        }
+    }
+}
