@@ -31,7 +31,9 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("amqp.url", "amqp://guest:guest@127.0.0.1:5672/%2f"),
     ("amqp.prefix", "order.timeouts"),
     ("amqp.delay_mode", "auto"),
-    ("amqp.prefetch", "500"),
+    // Early messages (up to `consumer.hold_max`) are held unacked, so prefetch
+    // must exceed rate × hold: 10,000 carries 10,000/s with a 1 s hold.
+    ("amqp.prefetch", "10000"),
     ("amqp.queue_type", "classic"),
     ("amqp.instance", ""),
     ("amqp.tls_ca_file", ""),

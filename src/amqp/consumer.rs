@@ -19,10 +19,7 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    ConfirmSelectOptions,
-};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
 use tokio::time::Instant;
@@ -32,7 +29,7 @@ use tokio_util::time::delay_queue::Key;
 
 use super::topology::Mode;
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
-use super::{Backoff, Error, park_delivery, pause, publish_confirmed};
+use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
 use crate::app::Context;
 use crate::db::store::{self, Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderId, TimeoutKind};
@@ -152,16 +149,9 @@ struct KindConsumer {
 
 impl KindConsumer {
     async fn open(ctx: Arc<Context>, conn: &Connection, kind: TimeoutKind) -> Result<Self, Error> {
-        let channel = conn.create_channel().await?;
         // Prefetch caps the unacked deliveries we hold, including those held in
         // memory; it must cover a batch plus the held ones at the target rate.
-        channel
-            .basic_qos(ctx.settings.amqp.prefetch, BasicQosOptions::default())
-            .await?;
-        let publish = conn.create_channel().await?;
-        publish
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+        let (channel, publish) = channels(conn, ctx.settings.amqp.prefetch).await?;
         let tag = format!("consumer {} {}", kind.as_str(), ctx.settings.amqp.instance);
         Ok(Self {
             ctx,

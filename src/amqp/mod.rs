@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::message::Delivery;
-use lapin::options::BasicPublishOptions;
+use lapin::options::{BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -193,6 +193,25 @@ pub async fn supervise<F, Fut>(
             break;
         }
     }
+}
+
+/// The two channels of a consuming role: one for deliveries, with an explicit
+/// prefetch, and one in confirm mode for what it publishes (parked copies,
+/// routed and re-delayed messages), so a publish is known safe before the
+/// delivery it came from is acked.
+pub async fn channels(
+    conn: &Connection,
+    prefetch: u16,
+) -> Result<(Channel, Channel), lapin::Error> {
+    let consume = conn.create_channel().await?;
+    consume
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    let publish = conn.create_channel().await?;
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok((consume, publish))
 }
 
 /// Publishes and waits for the broker's confirm; a nack is an error.

@@ -11,17 +11,14 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions,
-};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 
 use super::topology::{LEVELS, Mode, ttl_routing_key};
 use super::wire::{self, Park};
-use super::{Error, park_delivery};
+use super::{Error, channels, park_delivery};
 use crate::app::Context;
 use crate::domain::TimeoutKind;
 
@@ -80,16 +77,9 @@ pub async fn run(
     mode: Mode,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let consume = conn.create_channel().await?;
-    // Prefetch bounds how many messages are in flight between broker and router.
-    consume
-        .basic_qos(ctx.settings.amqp.prefetch, BasicQosOptions::default())
-        .await?;
-    let publish = conn.create_channel().await?;
-    // Confirms: a message is acked from ingest only once its copy is safe.
-    publish
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
+    // Prefetch bounds how many messages are in flight between broker and router;
+    // confirms: a message is acked from ingest only once its copy is safe.
+    let (consume, publish) = channels(&conn, ctx.settings.amqp.prefetch).await?;
     let tag = format!("router {}", ctx.settings.amqp.instance);
     let mut consumer = consume
         .basic_consume(

@@ -8,31 +8,6 @@ use serde_json::json;
 
 use crate::helpers::*;
 
-/// Runs a scenario on every backend and mode of the matrix.
-macro_rules! matrix {
-    ($name:ident) => {
-        mod $name {
-            use crate::helpers::{Backend, DelayMode, run};
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite_ttl() {
-                run(Backend::Sqlite, DelayMode::Ttl, super::$name).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres_ttl() {
-                run(Backend::Postgres, DelayMode::Ttl, super::$name).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite_plugin() {
-                run(Backend::Sqlite, DelayMode::Plugin, super::$name).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres_plugin() {
-                run(Backend::Postgres, DelayMode::Plugin, super::$name).await
-            }
-        }
-    };
-}
-
 matrix!(unpaid_is_cancelled_paid_stays);
 matrix!(duplicates_change_nothing);
 matrix!(early_message_never_cancels_early);

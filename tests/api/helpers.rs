@@ -94,6 +94,49 @@ pub fn url_encode(s: &str) -> String {
         .collect()
 }
 
+/// GET on the management API, as JSON.
+pub async fn api_get(path: &str) -> Value {
+    let resp = management()
+        .get(format!("{MANAGEMENT}{path}"))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    assert!(resp.status().is_success(), "GET {path}: {}", resp.status());
+    resp.json()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// Closes the vhost's connections through the management API, as an operator
+/// would; `only_service` keeps to those named `order-timeout …`. Returns how
+/// many it closed. A connection is listed once its first statistics are in.
+pub async fn close_connections(vhost: &str, only_service: bool) -> usize {
+    let connections = api_get(&format!("/vhosts/{}/connections", url_encode(vhost))).await;
+    let mut closed = 0;
+    for c in connections.as_array().into_iter().flatten() {
+        let client_name = c["client_properties"]["connection_name"]
+            .as_str()
+            .unwrap_or_default();
+        if only_service && !client_name.starts_with("order-timeout ") {
+            continue;
+        }
+        let resp = management()
+            .delete(format!(
+                "{MANAGEMENT}/connections/{}",
+                url_encode(c["name"].as_str().unwrap_or_default())
+            ))
+            .basic_auth("guest", Some("guest"))
+            .header("X-Reason", "test: connections closed")
+            .send()
+            .await;
+        if resp.is_ok_and(|r| r.status().is_success()) {
+            closed += 1;
+        }
+    }
+    closed
+}
+
 pub fn management() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))

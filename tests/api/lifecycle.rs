@@ -49,26 +49,6 @@ fn events(trail: &[Value]) -> Vec<String> {
         .collect()
 }
 
-macro_rules! matrix {
-    ($name:ident) => {
-        mod $name {
-            use crate::helpers::{Backend, DelayMode, run};
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite_ttl() {
-                run(Backend::Sqlite, DelayMode::Ttl, super::$name).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres_ttl() {
-                run(Backend::Postgres, DelayMode::Ttl, super::$name).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres_plugin() {
-                run(Backend::Postgres, DelayMode::Plugin, super::$name).await
-            }
-        }
-    };
-}
-
 matrix!(every_timeout_end_to_end);
 matrix!(buyer_actions_and_refusals);
 

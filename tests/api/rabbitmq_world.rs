@@ -29,17 +29,6 @@ fn read_json(path: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
 }
 
-async fn api_get(path: &str) -> Value {
-    let resp = management()
-        .get(format!("{MANAGEMENT}{path}"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-        .expect("management API");
-    assert!(resp.status().is_success(), "GET {path}: {}", resp.status());
-    resp.json().await.expect("management JSON")
-}
-
 /// `POST /api/definitions/{vhost}`: what an operator does with the file.
 async fn import_definitions(vhost: &str, definitions: &Value) {
     let resp = management()
@@ -385,24 +374,6 @@ async fn purge(vhost: &str, queue: &str) {
 
 /// Closes every connection of the vhost, as a broker restart would; the service
 /// reconnects each role.
-async fn close_connections(vhost: &str) -> usize {
-    let connections = api_get(&format!("/vhosts/{}/connections", url_encode(vhost))).await;
-    let connections = connections.as_array().unwrap();
-    for c in connections {
-        management()
-            .delete(format!(
-                "{MANAGEMENT}/connections/{}",
-                url_encode(c["name"].as_str().unwrap())
-            ))
-            .basic_auth("guest", Some("guest"))
-            .header("X-Reason", "test: connections closed")
-            .send()
-            .await
-            .unwrap();
-    }
-    connections.len()
-}
-
 /// One timeout cycle touching every documented metric, then the exposition:
 /// each documented metric is there, counters equal what the test did, the
 /// histogram is consistent, gauges are back to rest. Also the dashboard check.
@@ -466,7 +437,7 @@ async fn every_documented_metric_after_a_timeout_cycle() {
     assert_eq!(metric("order_timeout_outbox_backlog", &[]).await, 0.0);
     // The held message is unacked: closing the consumer's connection makes the
     // broker redeliver it, flagged. Every role reconnects.
-    assert!(close_connections(&app.vhost).await >= 3);
+    assert!(close_connections(&app.vhost, false).await >= 3);
     app.wait_status(&held, "cancelled", Duration::from_secs(15))
         .await;
     let (status, _) = app.post(&cancelled, "pay").await;

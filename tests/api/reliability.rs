@@ -15,52 +15,6 @@ use crate::helpers::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
 
-/// Closes every connection the service holds on this vhost, as an operator
-/// would from the management UI. Returns how many it closed.
-async fn kill_service_connections(vhost: &str) -> usize {
-    let http = management();
-    let connections: Vec<Value> = http
-        .get(format!("{MANAGEMENT}/vhosts/{vhost}/connections"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let mut closed = 0;
-    for c in connections {
-        let client_name = c["client_properties"]["connection_name"]
-            .as_str()
-            .unwrap_or_default();
-        if !client_name.starts_with("order-timeout ") {
-            continue;
-        }
-        let name: String = c["name"]
-            .as_str()
-            .unwrap()
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let resp = http
-            .delete(format!("{MANAGEMENT}/connections/{name}"))
-            .basic_auth("guest", Some("guest"))
-            .header("X-Reason", "reliability test")
-            .send()
-            .await
-            .unwrap();
-        if resp.status().is_success() {
-            closed += 1;
-        }
-    }
-    closed
-}
-
 /// Every order's audit trail has exactly one `cancelled` event.
 async fn assert_cancelled_once(app: &TestApp, ids: &[String]) {
     for id in ids {
@@ -104,7 +58,7 @@ async fn broker_connections_killed_mid_flow() {
         wait_until(
             Duration::from_secs(15),
             "the service's named connections closed",
-            || async { (kill_service_connections(&app.vhost).await >= 3).then_some(()) },
+            || async { (close_connections(&app.vhost, true).await >= 3).then_some(()) },
         )
         .await;
     }
@@ -256,15 +210,7 @@ async fn two_instances_share_the_work_without_double_effects() {
         Duration::from_secs(15),
         "both instances consume the work queue",
         || async {
-            let queue: Value = management()
-                .get(format!("{MANAGEMENT}/queues/{}/{work}", app.vhost))
-                .basic_auth("guest", Some("guest"))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
+            let queue = api_get(&format!("/queues/{}/{work}", app.vhost)).await;
             (queue["consumers"] == 2).then_some(())
         },
     )
@@ -557,18 +503,7 @@ async fn quorum_queues_carry_a_full_timeout_cycle() {
     .await;
     let queue = |name: String| {
         let vhost = app.vhost.clone();
-        async move {
-            let q: Value = management()
-                .get(format!("{MANAGEMENT}/queues/{vhost}/{name}"))
-                .basic_auth("guest", Some("guest"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            q
-        }
+        async move { api_get(&format!("/queues/{vhost}/{name}")).await }
     };
     for l in [0, 5, 22] {
         let q = queue(app.names.level(l)).await;

@@ -15,25 +15,7 @@ async fn broker_down(vhost: &str) {
         .send()
         .await
         .unwrap();
-    let connections: Vec<Value> = http
-        .get(format!("{MANAGEMENT}/vhosts/{vhost}/connections"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    for c in connections {
-        let name = c["name"].as_str().unwrap();
-        let encoded: String = url_encode(name);
-        http.delete(format!("{MANAGEMENT}/connections/{encoded}"))
-            .basic_auth("guest", Some("guest"))
-            .header("X-Reason", "test: broker down")
-            .send()
-            .await
-            .unwrap();
-    }
+    close_connections(vhost, false).await;
 }
 
 async fn broker_up(vhost: &str) {
