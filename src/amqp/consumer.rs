@@ -183,10 +183,7 @@ impl KindConsumer {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
                 Some(expired) = self.held.next(), if !self.held.is_empty() => {
-                    self.ctx.events.held_changed(-1);
-                    let delivery = expired.into_inner();
-                    self.held_keys.remove(&delivery.delivery_tag);
-                    delivery
+                    self.released(expired.into_inner())
                 }
                 next = deliveries.next() => match self.received(next) {
                     Ok(d) => d,
@@ -201,6 +198,14 @@ impl KindConsumer {
             let flowing = last_batch.elapsed() < FLOWING;
             let until = Instant::now() + batch_wait;
             while batch.len() < batch_size {
+                // Held deliveries whose deadline has come join the batch: one
+                // transaction for all of them, not one each.
+                if !self.held.is_empty()
+                    && let Some(Some(expired)) = self.held.next().now_or_never()
+                {
+                    batch.push(self.released(expired.into_inner()));
+                    continue;
+                }
                 let next = match deliveries.next().now_or_never() {
                     // Take whatever is ready now ...
                     Some(next) => next,
@@ -246,6 +251,13 @@ impl KindConsumer {
             }
         }
         result
+    }
+
+    /// A held delivery whose time has come, taken out of the hold.
+    fn released(&mut self, delivery: Delivery) -> Delivery {
+        self.ctx.events.held_changed(-1);
+        self.held_keys.remove(&delivery.delivery_tag);
+        delivery
     }
 
     /// Counts a delivery from the stream, or says why the stream failed.
