@@ -568,31 +568,21 @@ impl TestApp {
 
     /// Publishes raw, with confirms, to the entry exchange.
     pub async fn publish_raw(&self, routing_key: &str, headers: FieldTable, body: &[u8]) {
-        let conn = self.amqp().await;
-        let channel = conn.create_channel().await.unwrap();
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
+        let entry = self.names.entry().to_string();
+        self.publish_with(&entry, routing_key, contract_properties(headers), body)
             .await
-            .unwrap();
-        let props = BasicProperties::default()
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2)
-            .with_message_id(uuid::Uuid::new_v4().to_string().into())
-            .with_headers(headers);
-        let confirm = channel
-            .basic_publish(
-                self.names.entry().into(),
-                routing_key.into(),
-                BasicPublishOptions::default(),
-                body,
-                props,
-            )
+    }
+
+    /// The order with its audit trail.
+    pub async fn order_with_audit(&self, id: &str) -> Value {
+        self.http
+            .get(format!("{}/orders/{id}?include=audit", self.base))
+            .send()
             .await
             .unwrap()
+            .json()
             .await
-            .unwrap();
-        assert!(confirm.is_ack());
-        conn.close(200, "done".into()).await.ok();
+            .unwrap()
     }
 
     /// A second instance of the service on the same broker vhost and database,
@@ -787,11 +777,7 @@ impl Publisher {
     /// Publishes a contract-conforming timeout and waits for the broker's ack.
     pub async fn timeout(&self, order_id: &str, kind: &str, delay_ms: i64) {
         let body = json!({ "order_id": order_id, "kind": kind }).to_string();
-        let props = BasicProperties::default()
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2)
-            .with_message_id(uuid::Uuid::new_v4().to_string().into())
-            .with_headers(delay(delay_ms));
+        let props = contract_properties(delay(delay_ms));
         let confirm = self
             .channel
             .basic_publish(
@@ -807,4 +793,13 @@ impl Publisher {
             .unwrap();
         assert!(confirm.is_ack());
     }
+}
+
+/// Properties as the wire contract wants them, with these headers.
+pub fn contract_properties(headers: FieldTable) -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_message_id(uuid::Uuid::new_v4().to_string().into())
+        .with_headers(headers)
 }

@@ -23,13 +23,7 @@ fn short(backend: Backend, mode: DelayMode) -> Spawn {
 
 /// The events of an order's audit trail.
 async fn trail(app: &TestApp, id: &str) -> Vec<Value> {
-    let resp = app
-        .http
-        .get(format!("{}/orders/{id}?include=audit", app.base))
-        .send()
-        .await
-        .unwrap();
-    let order: Value = resp.json().await.unwrap();
+    let order = app.order_with_audit(id).await;
     order["audit"]
         .as_array()
         .unwrap_or_else(|| panic!("audit missing: {order}"))

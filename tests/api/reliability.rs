@@ -18,15 +18,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
 /// Every order's audit trail has exactly one `cancelled` event.
 async fn assert_cancelled_once(app: &TestApp, ids: &[String]) {
     for id in ids {
-        let order: Value = app
-            .http
-            .get(format!("{}/orders/{id}?include=audit", app.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let order = app.order_with_audit(id).await;
         let cancels = order["audit"]
             .as_array()
             .unwrap()
