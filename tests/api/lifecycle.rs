@@ -278,13 +278,19 @@ async fn sweeper_catches_what_the_broker_lost(backend: Backend) {
         assert_eq!(app.post(&s, "ship").await.0, 200);
         shipped.push(s);
     }
-    // Every timeout is in the broker (the outbox is empty), then the broker loses them all.
-    wait_until(Duration::from_secs(10), "outbox drained", || async {
-        (app.metric("order_timeout_outbox_published_total", &[])
-            .await
-            >= 40.0)
-            .then_some(())
-    })
+    // Every timer is waiting in a TTL level (not in the outbox, not in the
+    // router's hands), then the broker loses them all.
+    wait_until(
+        Duration::from_secs(10),
+        "all 40 timers in the levels",
+        || async {
+            let mut waiting = 0;
+            for l in 0..order_timeout::amqp::topology::LEVELS {
+                waiting += app.queue_depth(&app.names.level(l)).await;
+            }
+            (waiting >= 40).then_some(())
+        },
+    )
     .await;
     assert!(purge_all(&app.vhost).await >= 28);
     assert!(
