@@ -668,6 +668,26 @@ impl TestApp {
         out
     }
 
+    /// Messages ready in each of these queues, on one connection.
+    pub async fn queue_depths(&self, queues: &[String]) -> Vec<u32> {
+        let conn = self.amqp().await;
+        let channel = conn.create_channel().await.unwrap();
+        let mut depths = Vec::with_capacity(queues.len());
+        for queue in queues {
+            let passive = lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            let q = channel
+                .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+                .await
+                .unwrap();
+            depths.push(q.message_count());
+        }
+        conn.close(200, "done".into()).await.ok();
+        depths
+    }
+
     /// Messages in one of our queues, as the broker counts them.
     pub async fn queue_depth(&self, queue: &str) -> u32 {
         let conn = self.amqp().await;
