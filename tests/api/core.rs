@@ -38,11 +38,7 @@ async fn unpaid_is_cancelled_paid_stays(backend: Backend, mode: DelayMode) {
     let cancelled = app
         .wait_status(&unpaid, "cancelled", Duration::from_secs(8))
         .await;
-    let lateness = ms(&cancelled, "cancelled_at") - ms(&cancelled, "pay_deadline");
-    assert!(
-        (0..1000).contains(&lateness),
-        "cancelled {lateness} ms after the deadline"
-    );
+    assert_on_time(&cancelled, "cancelled_at", "pay_deadline");
     assert_eq!(
         app.stock("A").await,
         json!({"sku": "A", "available": 7, "reserved": 0, "sold": 3})
@@ -163,11 +159,7 @@ async fn early_message_never_cancels_early(backend: Backend, mode: DelayMode) {
     let order = app
         .wait_status(&id, "cancelled", Duration::from_secs(10))
         .await;
-    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
-    assert!(
-        (0..1000).contains(&lateness),
-        "cancelled {lateness} ms after the deadline"
-    );
+    assert_on_time(&order, "cancelled_at", "pay_deadline");
     assert_eq!(app.stock("A").await["available"], 3);
 }
 
@@ -179,17 +171,12 @@ async fn reverse_order_delays(backend: Backend, mode: DelayMode) {
     let order = app
         .wait_status(&short, "cancelled", Duration::from_secs(5))
         .await;
-    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
-    assert!(
-        (0..1000).contains(&lateness),
-        "short one {lateness} ms late"
-    );
+    assert_on_time(&order, "cancelled_at", "pay_deadline");
     assert_eq!(app.get_order(&long).await["status"], "pending_payment");
     let order = app
         .wait_status(&long, "cancelled", Duration::from_secs(70))
         .await;
-    let lateness = ms(&order, "cancelled_at") - ms(&order, "pay_deadline");
-    assert!((0..1000).contains(&lateness), "long one {lateness} ms late");
+    assert_on_time(&order, "cancelled_at", "pay_deadline");
     assert_eq!(app.stock("A").await["available"], 10);
 }
 

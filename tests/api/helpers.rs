@@ -413,16 +413,8 @@ async fn start(
     // Ready means: database answers and every broker role is connected with its topology declared.
     // Generous: with dozens of tests starting at once, the broker declares
     // thousands of queues and bindings before every app is ready.
-    wait_until(Duration::from_secs(120), "service ready", || async {
-        let resp = test
-            .http
-            .get(format!("{}/readyz", test.base))
-            .send()
-            .await
-            .ok()?;
-        resp.status().is_success().then_some(())
-    })
-    .await;
+    test.wait_ready(Duration::from_secs(120), "service ready")
+        .await;
     test
 }
 
@@ -439,15 +431,20 @@ impl TestApp {
         resp.json().await.unwrap()
     }
 
-    pub async fn stock(&self, sku: &str) -> Value {
+    /// GET on the service's API, as JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
         self.http
-            .get(format!("{}/inventory/{sku}", self.base))
+            .get(format!("{}{path}", self.base))
             .send()
             .await
             .unwrap()
             .json()
             .await
             .unwrap()
+    }
+
+    pub async fn stock(&self, sku: &str) -> Value {
+        self.get_json(&format!("/inventory/{sku}")).await
     }
 
     /// Places an order and returns (status code, body).
@@ -475,14 +472,7 @@ impl TestApp {
     }
 
     pub async fn get_order(&self, id: &str) -> Value {
-        self.http
-            .get(format!("{}/orders/{id}", self.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.get_json(&format!("/orders/{id}")).await
     }
 
     pub async fn post(&self, id: &str, action: &str) -> (u16, Value) {
@@ -575,14 +565,23 @@ impl TestApp {
 
     /// The order with its audit trail.
     pub async fn order_with_audit(&self, id: &str) -> Value {
-        self.http
-            .get(format!("{}/orders/{id}?include=audit", self.base))
+        self.get_json(&format!("/orders/{id}?include=audit")).await
+    }
+
+    /// Whether `/readyz` answers 200 now.
+    pub async fn ready(&self) -> Option<()> {
+        let resp = self
+            .http
+            .get(format!("{}/readyz", self.base))
             .send()
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+            .ok()?;
+        resp.status().is_success().then_some(())
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&self, within: Duration, what: &str) {
+        wait_until(within, what, || self.ready()).await
     }
 
     /// A second instance of the service on the same broker vhost and database,
@@ -822,4 +821,32 @@ pub fn contract_properties(headers: FieldTable) -> BasicProperties {
         .with_delivery_mode(2)
         .with_message_id(uuid::Uuid::new_v4().to_string().into())
         .with_headers(headers)
+}
+
+/// The transition recorded in `done` came at or after `deadline`, by less than a second.
+pub fn assert_on_time(order: &Value, done: &str, deadline: &str) {
+    let lateness = ms(order, done) - ms(order, deadline);
+    assert!(
+        (0..1000).contains(&lateness),
+        "{done} is {lateness} ms after {deadline}: {order}"
+    );
+}
+
+/// Empties one queue through the management API.
+pub async fn purge_queue(vhost: &str, queue: &str) {
+    let resp = management()
+        .delete(format!(
+            "{MANAGEMENT}/queues/{}/{}/contents",
+            url_encode(vhost),
+            url_encode(queue)
+        ))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        resp.status().is_success(),
+        "purge {queue}: {}",
+        resp.status()
+    );
 }

@@ -75,21 +75,13 @@ async fn every_timeout_end_to_end(backend: Backend, mode: DelayMode) {
     )
     .await;
     assert_eq!(flagged["status"], "paid");
-    let lateness = ms(&flagged, "fulfillment_overdue_at") - ms(&flagged, "ship_deadline");
-    assert!(
-        (0..1000).contains(&lateness),
-        "flagged {lateness} ms after the deadline"
-    );
+    assert_on_time(&flagged, "fulfillment_overdue_at", "ship_deadline");
 
     // Receipt: the shipped order the buyer never confirmed completes by itself.
     let done = app
         .wait_status(&shipped, "completed", Duration::from_secs(8))
         .await;
-    let lateness = ms(&done, "completed_at") - ms(&done, "confirm_deadline");
-    assert!(
-        (0..1000).contains(&lateness),
-        "completed {lateness} ms after the deadline"
-    );
+    assert_on_time(&done, "completed_at", "confirm_deadline");
     // It shipped inside its fulfillment window, so its fulfillment timeout did nothing.
     assert!(done.get("fulfillment_overdue_at").is_none(), "{done}");
 
@@ -235,29 +227,10 @@ async fn buyer_actions_and_refusals(backend: Backend, mode: DelayMode) {
 
 /// Deletes every message in every queue of the vhost: the broker "lost" them.
 async fn purge_all(vhost: &str) -> usize {
-    let http = management();
-    let queues: Vec<Value> = http
-        .get(format!("{MANAGEMENT}/queues/{vhost}"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let queues: Vec<Value> =
+        serde_json::from_value(api_get(&format!("/queues/{vhost}")).await).unwrap();
     for q in &queues {
-        let name = q["name"].as_str().unwrap();
-        let resp = http
-            .delete(format!("{MANAGEMENT}/queues/{vhost}/{name}/contents"))
-            .basic_auth("guest", Some("guest"))
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            resp.status().is_success(),
-            "purge {name}: {}",
-            resp.status()
-        );
+        purge_queue(vhost, q["name"].as_str().unwrap()).await;
     }
     queues.len()
 }
