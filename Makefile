@@ -14,7 +14,7 @@ CARGO ?= cargo
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 # Integration tests mostly wait for deadlines to pass, so many run at once.
-TEST_THREADS ?= 16
+TEST_THREADS ?= 12
 
 .PHONY: run test lint services broker databases examples-deps tools clean bench bench-million chaos demo
 
