@@ -225,3 +225,161 @@ pub async fn db_batch_cancel(ctx: &RunCtx, n: usize) -> anyhow::Result<f64> {
     println!("ceiling: batched conditional UPDATE {per_s:.0} rows/s");
     Ok(per_s)
 }
+
+/// What the broker's delay path managed alone.
+pub struct DelayPath {
+    /// Messages out of the delay path per second, first to last arrival.
+    pub per_s: f64,
+    /// Last arrival minus the last due time.
+    pub drain_ms: i64,
+}
+
+/// The broker alone carrying the run's burst through the run's delay mechanism:
+/// the burst's timers replayed into a throwaway copy of the topology, each
+/// published at the same moment relative to the others as the service's relay
+/// published it and with the same delay (`schedule`: when its checkout was
+/// sent, epoch ms, and its window in ms), so each sits in the same TTL levels at
+/// the same relative times; then consumed from the copy's work queue (ttl) or
+/// ingest queue (plugin) by one consumer acking per batch. No router, no
+/// database, no service: the rate at which this broker hands that burst over at all.
+pub async fn delay_path(ctx: &RunCtx, schedule: &[(i64, i64)]) -> anyhow::Result<DelayPath> {
+    let n = schedule.len();
+    if n == 0 {
+        bail!("the delay path needs at least one timer");
+    }
+    use crate::amqp::topology::{self, LEVELS, Mode, Names, QueueType};
+    println!("ceiling: delay path, the burst's {n} timers replayed through a copy of the topology");
+    let mode = if ctx.mode == "plugin" {
+        Mode::Plugin
+    } else {
+        Mode::Ttl
+    };
+    let conn = Connection::connect(
+        &ctx.amqp_url,
+        ConnectionProperties::default()
+            .with_connection_name("order-timeout bench delay path".into()),
+    )
+    .await
+    .context("connecting to the run's vhost")?;
+    let names = Names::new(&format!("{}.ceiling", ctx.prefix));
+    let channel = conn.create_channel().await?;
+    topology::declare(&channel, &names, mode, QueueType::Classic).await?;
+    let result = async {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        // The consumer runs before the first publish: arrivals are timed as they come.
+        let queue = match mode {
+            Mode::Ttl => names.work(TimeoutKind::Payment),
+            Mode::Plugin => names.ingest(),
+        };
+        let consume = conn.create_channel().await?;
+        consume
+            .basic_qos(ctx.prefetch, BasicQosOptions::default())
+            .await?;
+        let mut deliveries = consume
+            .basic_consume(
+                queue.as_str().into(),
+                "bench-delay-path".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let receiver = tokio::spawn(async move {
+            let (mut got, mut first, mut last) = (0, 0, 0);
+            while got < n {
+                let Ok(next) =
+                    tokio::time::timeout(std::time::Duration::from_secs(90), deliveries.next())
+                        .await
+                else {
+                    bail!("the delay path delivered {got} of {n} timers, then nothing for 90 s");
+                };
+                let Some(delivery) = next else {
+                    bail!("the delay-path consumer ended after {got} deliveries");
+                };
+                let mut delivery = delivery?;
+                if got == 0 {
+                    first = Millis::now().0;
+                }
+                got += 1;
+                while got < n {
+                    match deliveries.next().now_or_never() {
+                        Some(Some(d)) => {
+                            delivery = d?;
+                            got += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                last = Millis::now().0;
+                delivery
+                    .acker
+                    .ack(BasicAckOptions { multiple: true })
+                    .await?;
+            }
+            Ok::<_, anyhow::Error>((first, last))
+        });
+        let mut order: Vec<(i64, i64)> = schedule.to_vec();
+        order.sort_unstable();
+        let t0 = order[0].0;
+        let start = Millis::now().0;
+        let last_due = order
+            .iter()
+            .map(|(at, window)| start + (at - t0) + window)
+            .max()
+            .unwrap_or(start);
+        let mut confirms = Vec::with_capacity(n);
+        for (i, (at, window)) in order.iter().enumerate() {
+            let publish_at = start + (at - t0);
+            let wait = publish_at - Millis::now().0;
+            if wait > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(wait as u64)).await;
+            }
+            {
+                let due = Millis(publish_at + window);
+                let delay_ms = (due.0 - Millis::now().0).max(1);
+                let message = TimeoutMessage {
+                    order_id: OrderId::new(2_000_000 + i as i64),
+                    kind: TimeoutKind::Payment,
+                    due_at: Some(due),
+                };
+                let properties =
+                    wire::properties(&format!("{i}:payment"), Millis::now(), delay_ms as u64, &[]);
+                let (exchange, key) = match mode {
+                    Mode::Ttl => (
+                        names.out(LEVELS),
+                        topology::ttl_routing_key(delay_ms as u64 / 1000, TimeoutKind::Payment),
+                    ),
+                    Mode::Plugin => (names.entry().to_string(), "payment".to_string()),
+                };
+                confirms.push(
+                    channel
+                        .basic_publish(
+                            exchange.as_str().into(),
+                            key.as_str().into(),
+                            BasicPublishOptions::default(),
+                            &wire::encode(&message),
+                            properties,
+                        )
+                        .await?,
+                );
+            }
+        }
+        for confirm in confirms {
+            if !confirm.await?.is_ack() {
+                bail!("the broker nacked a delay-path publish");
+            }
+        }
+        let (first, last) = receiver.await.context("the delay-path consumer task")??;
+        let per_s = n as f64 * 1000.0 / (last - first).max(1) as f64;
+        let drain_ms = last - last_due;
+        println!("ceiling: delay path {per_s:.0}/s, drained {drain_ms} ms after the last due");
+        Ok(DelayPath { per_s, drain_ms })
+    }
+    .await;
+    if let Ok(channel) = conn.create_channel().await {
+        let _ = topology::delete_all(&channel, &names).await;
+    }
+    let _ = conn.close(200, "ceiling done".into()).await;
+    result
+}

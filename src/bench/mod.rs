@@ -21,6 +21,7 @@
 mod ceiling;
 mod env;
 mod million;
+mod profile;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,7 +40,7 @@ use crate::settings::Settings;
 use env::{BenchDatabase, Management, ProcStats, Resources, Service};
 
 /// The payment window of a burst: every burst deadline falls within this span.
-const BURST_SPAN_MS: i64 = 2_000;
+pub(crate) const BURST_SPAN_MS: i64 = 2_000;
 /// Stock given to every SKU; never the limit.
 const STOCK: i64 = 1_000_000_000;
 /// One order in this many is paid before its deadline.
@@ -349,7 +350,8 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
         .collect();
     let base = res.service.as_ref().context("service")?.base.clone();
     let started = Instant::now();
-    let calib_ids = place(ctx, &base, &calib, args.clients, Some(2_000), "calibration").await?;
+    let (calib_ids, _) =
+        place(ctx, &base, &calib, args.clients, Some(2_000), "calibration").await?;
     let calib_rate = calib_n as f64 / started.elapsed().as_secs_f64();
 
     // Plan: every order placed (and paid) well before the first deadline.
@@ -387,7 +389,14 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
         });
     }
     let started = Instant::now();
-    let ids = place(ctx, &base, &jobs, args.clients, None, "checkout").await?;
+    let (ids, sent) = place(ctx, &base, &jobs, args.clients, None, "checkout").await?;
+    // The burst's timers as the relay scheduled them: when, and for how long.
+    let burst_schedule: Vec<(i64, i64)> = jobs
+        .iter()
+        .zip(&sent)
+        .filter(|(j, _)| j.group == Group::Burst)
+        .map(|(j, at)| (*at, j.deadline_ms - at))
+        .collect();
     let checkout_s = started.elapsed().as_secs_f64();
     let checkout_per_s = total as f64 / checkout_s;
     println!("checkout: {total} orders in {checkout_s:.1}s = {checkout_per_s:.0}/s");
@@ -408,7 +417,7 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
     }
     let last_due = burst_start + BURST_SPAN_MS;
     let drain_limit = Duration::from_secs(60 + (total / 200) as u64);
-    wait_drained(ctx, res, last_due, drain_limit).await?;
+    let samples = wait_drained(ctx, res, last_due, drain_limit).await?;
     let stats = res.service.as_ref().context("service")?.stats()?;
     let result = analyse(ctx, &all, skus).await?;
     if !result.errors.is_empty() {
@@ -419,6 +428,15 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
         );
     }
     println!("correctness: every check passed");
+    let (first_cancel, last_cancel, burst_n) = result.burst_window;
+    let drain = profile::Profile::new(samples);
+    let limit = drain.limit(
+        first_cancel,
+        last_cancel,
+        burst_n,
+        result.burst_cancels_per_s,
+    );
+    let series = drain.series(burst_start - 1_000);
     // The ceiling is measured on a quiet broker and database: the service stops first.
     if let Some(mut service) = res.service.take() {
         service.stop();
@@ -426,6 +444,7 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
     let n = args.burst.max(2_000);
     let consume = ceiling::consume_ack(ctx, n).await?;
     let update = ceiling::db_batch_cancel(ctx, n).await?;
+    let delay_path = ceiling::delay_path(ctx, &burst_schedule).await?;
     let lower = consume.consume_ack_per_s.min(update);
     let fraction = result.burst_cancels_per_s / lower;
     let report = json!({
@@ -449,8 +468,13 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
             "consume_ack_per_s": round1(consume.consume_ack_per_s),
             "publish_confirm_per_s": round1(consume.publish_per_s),
             "db_batch_cancel_per_s": round1(update),
+            "delay_path_per_s": round1(delay_path.per_s),
+            "delay_path_drain_ms": delay_path.drain_ms,
         },
         "fraction_of_ceiling": (fraction * 1000.0).round() / 1000.0,
+        "fraction_of_delay_path": (result.burst_cancels_per_s / delay_path.per_s * 1000.0).round() / 1000.0,
+        "limit": limit,
+        "burst_drain_series": series,
         "service_peak_rss_mb": round1(stats.peak_rss_mb),
         "service_cpu_s": round1(stats.cpu_s),
         "checks": result.checks,
@@ -464,7 +488,7 @@ fn round1(x: f64) -> f64 {
 }
 
 /// Places `jobs` with `clients` requests in flight; returns the order ids in job
-/// order. `window_ms` fixes every window (calibration); otherwise each job's
+/// order, and when each request was sent (epoch ms). `window_ms` fixes every window (calibration); otherwise each job's
 /// planned deadline sets its window.
 async fn place(
     ctx: &RunCtx,
@@ -473,7 +497,7 @@ async fn place(
     clients: usize,
     window_ms: Option<i64>,
     label: &str,
-) -> anyhow::Result<Vec<i64>> {
+) -> anyhow::Result<(Vec<i64>, Vec<i64>)> {
     let jobs: Arc<Vec<Job>> = Arc::new(jobs.to_vec());
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
@@ -499,6 +523,7 @@ async fn place(
                     "items": [{ "sku": sku_name(job.sku), "quantity": job.quantity }],
                     "payment_window": format!("{window}ms"),
                 });
+                let sent_ms = Millis::now().0;
                 let result = async {
                     let resp = http.post(&url).json(&body).send().await?;
                     let status = resp.status();
@@ -513,7 +538,7 @@ async fn place(
                 }
                 .await;
                 match result {
-                    Ok(id) => placed.push((i, id)),
+                    Ok(id) => placed.push((i, id, sent_ms)),
                     Err(e) => {
                         failed.store(true, Ordering::Relaxed);
                         return Err(e);
@@ -539,12 +564,14 @@ async fn place(
         })
     };
     let mut ids = vec![0_i64; jobs.len()];
+    let mut sent = vec![0_i64; jobs.len()];
     let mut first_error = None;
     while let Some(joined) = workers.join_next().await {
         match joined {
             Ok(Ok(placed)) => {
-                for (i, id) in placed {
+                for (i, id, sent_ms) in placed {
                     ids[i] = id;
+                    sent[i] = sent_ms;
                 }
             }
             Ok(Err(e)) => {
@@ -559,7 +586,7 @@ async fn place(
     if let Some(e) = first_error {
         return Err(e.context(format!("{label} failed")));
     }
-    Ok(ids)
+    Ok((ids, sent))
 }
 
 /// Pays the orders planned as paid, before their deadlines.
@@ -628,14 +655,23 @@ async fn count(db: &DatabaseConnection, sql: &str) -> anyhow::Result<i64> {
 }
 
 /// Waits until no order is `pending_payment` and the last deadline has passed.
+/// Waits until no order is pending, sampling the drain every
+/// [`profile::SAMPLE_EVERY`] and printing progress every second.
 async fn wait_drained(
     ctx: &RunCtx,
     res: &mut Resources,
     last_due: i64,
     limit: Duration,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<profile::Sample>> {
+    let depths = profile::Depths::connect(&ctx.amqp_url, &ctx.prefix, ctx.mode == "ttl").await?;
+    let mut samples = Vec::new();
+    let mut printed = Instant::now() - Duration::from_secs(1);
     loop {
-        res.service.as_mut().context("service")?.check_alive()?;
+        let service = res.service.as_mut().context("service")?;
+        service.check_alive()?;
+        let (pid, ticks) = (service.pid(), service.ticks());
+        // Queue depths and database counts as close together as they can be.
+        let (levels, ingest, work) = depths.read().await?;
         let now = Millis::now().0;
         let pending = count(
             &ctx.db,
@@ -652,9 +688,18 @@ async fn wait_drained(
             &format!("SELECT COUNT(*) FROM orders WHERE status = 'pending_payment' AND pay_deadline_ms <= {now}"),
         )
         .await?;
+        samples.push(profile::Sample {
+            at_ms: now,
+            cpu: profile::Cpu::read(pid, ticks),
+            cancelled,
+            overdue,
+            levels,
+            ingest,
+            work,
+        });
         if pending == 0 && now > last_due {
             println!("drained: {cancelled} cancelled, none pending");
-            return Ok(());
+            return Ok(samples);
         }
         let since_last = now - last_due;
         if since_last > limit.as_millis() as i64 {
@@ -669,8 +714,14 @@ async fn wait_drained(
         } else {
             format!("last deadline {:.1}s ago", since_last as f64 / 1000.0)
         };
-        println!("waiting: {cancelled} cancelled, {pending} pending ({overdue} overdue), {when}");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        if printed.elapsed() >= Duration::from_secs(1) {
+            println!(
+                "waiting: {cancelled} cancelled, {pending} pending ({overdue} overdue; \
+                 levels {levels}, work {work}), {when}"
+            );
+            printed = Instant::now();
+        }
+        tokio::time::sleep(profile::SAMPLE_EVERY).await;
     }
 }
 
@@ -721,6 +772,8 @@ struct Analysis {
     burst_offered_per_s: f64,
     /// From the last burst deadline to the last burst cancel.
     burst_drain_ms: i64,
+    /// First and last burst cancel (epoch ms) and how many.
+    burst_window: (i64, i64, usize),
 }
 
 async fn analyse(ctx: &RunCtx, all: &HashMap<i64, Job>, skus: usize) -> anyhow::Result<Analysis> {
@@ -879,6 +932,7 @@ async fn analyse(ctx: &RunCtx, all: &HashMap<i64, Job>, skus: usize) -> anyhow::
         } else {
             last - last_deadline
         },
+        burst_window: (first, last, burst_cancels.len()),
     })
 }
 
@@ -933,8 +987,19 @@ fn print_table(r: &Value, stats: &ProcStats) {
             format!("{}/s", r["ceiling"]["db_batch_cancel_per_s"]),
         ),
         (
+            "ceiling: delay path (broker only)",
+            format!(
+                "{}/s, drained {} ms after the last due",
+                r["ceiling"]["delay_path_per_s"], r["ceiling"]["delay_path_drain_ms"]
+            ),
+        ),
+        (
             "burst / lower ceiling",
             format!("{}", r["fraction_of_ceiling"]),
+        ),
+        (
+            "burst / delay path",
+            format!("{}", r["fraction_of_delay_path"]),
         ),
         ("service peak RSS", format!("{:.1} MiB", stats.peak_rss_mb)),
         ("service CPU time", format!("{:.1} s", stats.cpu_s)),
@@ -947,6 +1012,9 @@ fn print_table(r: &Value, stats: &ProcStats) {
         println!(
             "note: the service kept up with the burst; its rate is the offered rate, raise --burst to find its limit"
         );
+    }
+    if let Some(verdict) = r["limit"]["verdict"].as_str() {
+        println!("limit: {verdict}");
     }
     println!();
 }

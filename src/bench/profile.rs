@@ -1,0 +1,331 @@
+//! Where a burst's time goes: while the bench waits for the drain it samples,
+//! every [`SAMPLE_EVERY`], the CPU time of each process on the machine that takes
+//! part (broker, database, service, the bench itself) and where the due timers
+//! are (still in the TTL levels, in the ingest queue, or ready in the work queue).
+//! From those samples [`Profile::limit`] names the resource that held the burst
+//! back and says by how much it falls short of the target.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+use serde_json::{Value, json};
+
+use crate::amqp::topology::{LEVELS, Names};
+use crate::domain::TimeoutKind;
+
+/// How often the drain is sampled.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// The burst rate the issue asks for, cancels per second.
+pub const TARGET_BURST_PER_S: f64 = 10_000.0;
+
+/// Who used the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// RabbitMQ (`beam.smp`).
+    Broker,
+    /// PostgreSQL (every `postgres` process); SQLite runs inside the service.
+    Database,
+    /// The service under test.
+    Service,
+    /// This bench (HTTP clients, progress queries, this sampler).
+    Bench,
+}
+
+impl Role {
+    const ALL: [Role; 4] = [Role::Broker, Role::Database, Role::Service, Role::Bench];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Broker => "broker",
+            Role::Database => "database",
+            Role::Service => "service",
+            Role::Bench => "bench",
+        }
+    }
+}
+
+/// CPU seconds used so far, per role and by the whole machine.
+#[derive(Debug, Clone, Default)]
+pub struct Cpu {
+    /// Per role, in [`Role::ALL`] order.
+    by_role: [f64; 4],
+    /// The whole machine: busy and total CPU seconds over all cores.
+    busy_s: f64,
+    total_s: f64,
+}
+
+impl Cpu {
+    /// Reads `/proc` now (Linux). `service` is the pid of the service under test.
+    pub fn read(service: u32, ticks: f64) -> Self {
+        let mut cpu = Cpu::default();
+        let me = std::process::id();
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for entry in dir.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|s| s.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    continue;
+                };
+                let Some((head, rest)) = stat.rsplit_once(')') else {
+                    continue;
+                };
+                let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
+                let role = if pid == service {
+                    Role::Service
+                } else if pid == me {
+                    Role::Bench
+                } else if comm == "beam.smp" {
+                    Role::Broker
+                } else if comm == "postgres" {
+                    Role::Database
+                } else {
+                    continue;
+                };
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+                let used = tick(11).unwrap_or(0.0) + tick(12).unwrap_or(0.0);
+                cpu.by_role[role as usize] += used / ticks;
+            }
+        }
+        // The first line of /proc/stat: user nice system idle iowait irq softirq steal.
+        if let Some(line) = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_string))
+        {
+            let v: Vec<f64> = line
+                .split_whitespace()
+                .skip(1)
+                .take(8)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            if v.len() == 8 {
+                let idle = v[3] + v[4];
+                let busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+                cpu.busy_s = busy / ticks;
+                cpu.total_s = (busy + idle) / ticks;
+            }
+        }
+        cpu
+    }
+}
+
+/// One look at the drain.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// When (epoch ms).
+    pub at_ms: i64,
+    /// CPU seconds so far.
+    pub cpu: Cpu,
+    /// Orders cancelled so far.
+    pub cancelled: i64,
+    /// Orders still `pending_payment` whose deadline has passed.
+    pub overdue: i64,
+    /// Messages in all TTL levels (0 in plugin mode).
+    pub levels: u32,
+    /// Messages ready in the ingest queue.
+    pub ingest: u32,
+    /// Messages ready in the payment work queue.
+    pub work: u32,
+}
+
+/// Counts messages with passive declares on its own connection to the run's
+/// vhost, one channel per queue and all at once: a level queue busy
+/// dead-lettering answers late, and the others should not wait for it.
+pub struct Depths {
+    _conn: Connection,
+    /// The TTL levels (empty in plugin mode), then ingest, then work.payment.
+    queues: Vec<(String, Channel)>,
+}
+
+impl Depths {
+    /// Connects to `amqp_url` (the run's vhost).
+    pub async fn connect(amqp_url: &str, prefix: &str, ttl: bool) -> anyhow::Result<Self> {
+        let conn = Connection::connect(
+            amqp_url,
+            ConnectionProperties::default()
+                .with_connection_name("order-timeout bench depths".into()),
+        )
+        .await
+        .context("connecting the depth sampler")?;
+        let names = Names::new(prefix);
+        let mut wanted: Vec<String> = if ttl {
+            (0..LEVELS).map(|l| names.level(l)).collect()
+        } else {
+            Vec::new()
+        };
+        wanted.push(names.ingest());
+        wanted.push(names.work(TimeoutKind::Payment));
+        let mut queues = Vec::with_capacity(wanted.len());
+        for queue in wanted {
+            queues.push((queue, conn.create_channel().await?));
+        }
+        Ok(Self {
+            _conn: conn,
+            queues,
+        })
+    }
+
+    async fn ready(channel: &Channel, queue: &str) -> anyhow::Result<u32> {
+        let q = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .with_context(|| format!("passive declare of {queue}"))?;
+        Ok(q.message_count())
+    }
+
+    /// (levels, ingest, work.payment) now.
+    pub async fn read(&self) -> anyhow::Result<(u32, u32, u32)> {
+        let counts = futures_util::future::try_join_all(
+            self.queues
+                .iter()
+                .map(|(q, channel)| Self::ready(channel, q)),
+        )
+        .await?;
+        let n = counts.len();
+        let levels = counts[..n - 2].iter().sum();
+        Ok((levels, counts[n - 2], counts[n - 1]))
+    }
+}
+
+/// The samples of one drain and what they say.
+pub struct Profile {
+    samples: Vec<Sample>,
+}
+
+/// CPU used over a window, in cores.
+struct Cores {
+    by_role: [f64; 4],
+    busy: f64,
+    total: f64,
+    wall_s: f64,
+    /// Machine CPU seconds (all processes) spent in the window.
+    busy_s: f64,
+}
+
+impl Profile {
+    /// Wraps the samples taken during one drain.
+    pub fn new(samples: Vec<Sample>) -> Self {
+        Self { samples }
+    }
+
+    /// CPU between the last sample at or before `from_ms` and the first at or
+    /// after `to_ms`.
+    fn cores(&self, from_ms: i64, to_ms: i64) -> Option<Cores> {
+        let a = self.samples.iter().rev().find(|s| s.at_ms <= from_ms)?;
+        let b = self.samples.iter().find(|s| s.at_ms >= to_ms)?;
+        let wall_s = (b.at_ms - a.at_ms) as f64 / 1000.0;
+        if wall_s <= 0.0 {
+            return None;
+        }
+        let mut by_role = [0.0; 4];
+        for (i, r) in by_role.iter_mut().enumerate() {
+            *r = (b.cpu.by_role[i] - a.cpu.by_role[i]) / wall_s;
+        }
+        Some(Cores {
+            by_role,
+            busy: (b.cpu.busy_s - a.cpu.busy_s) / wall_s,
+            total: (b.cpu.total_s - a.cpu.total_s) / wall_s,
+            wall_s,
+            busy_s: b.cpu.busy_s - a.cpu.busy_s,
+        })
+    }
+
+    /// The limit of the burst between its first and last cancel (epoch ms), as
+    /// JSON, with a sentence for the table. `cancels` is the burst's cancels,
+    /// `rate` its measured cancels per second.
+    pub fn limit(&self, first_ms: i64, last_ms: i64, cancels: usize, rate: f64) -> Value {
+        let Some(cores) = self.cores(first_ms, last_ms) else {
+            return json!({ "verdict": "not enough samples in the burst window" });
+        };
+        let cpu_ms_per_cancel = cores.busy_s * 1000.0 / cancels.max(1) as f64;
+        let cores_at_target = cpu_ms_per_cancel * TARGET_BURST_PER_S / 1000.0;
+        // The moment most orders were overdue: where were their timers?
+        let peak = self
+            .samples
+            .iter()
+            .filter(|s| s.at_ms >= first_ms && s.at_ms <= last_ms)
+            .max_by_key(|s| s.overdue);
+        let (overdue, levels, ingest, work) = peak
+            .map(|s| (s.overdue, s.levels, s.ingest, s.work))
+            .unwrap_or_default();
+        let machine_cores = cores.total;
+        let saturated = cores.busy >= 0.9 * machine_cores;
+        let waiting_in = if overdue == 0 {
+            "nowhere (no order was overdue at any sample)"
+        } else if i64::from(work) * 2 >= overdue {
+            "the work queue: the consumer and the database were behind"
+        } else if i64::from(ingest) * 2 >= overdue {
+            "the ingest queue: the router was behind"
+        } else {
+            "the TTL levels: the broker moved due timers out of the levels more slowly than they fell due"
+        };
+        let share: Vec<String> = Role::ALL
+            .iter()
+            .map(|r| format!("{} {:.2}", r.as_str(), cores.by_role[*r as usize]))
+            .collect();
+        let verdict = format!(
+            "at the peak {overdue} orders were overdue, waiting in {waiting_in} \
+             (levels {levels}, ingest {ingest}, work {work}); CPU {:.2} of {:.0} cores busy \
+             ({}){}; {cpu_ms_per_cancel:.2} ms of machine CPU per cancel, so {:.0}/s would \
+             need {cores_at_target:.1} cores",
+            cores.busy,
+            machine_cores,
+            share.join(", "),
+            if saturated { ", saturated" } else { "" },
+            TARGET_BURST_PER_S,
+        );
+        json!({
+            "window_s": (cores.wall_s * 100.0).round() / 100.0,
+            "cores_busy": round2(cores.busy),
+            "cores": round2(machine_cores),
+            "cpu_saturated": saturated,
+            "cores_by_process": Role::ALL.iter().map(|r| (r.as_str().to_string(), json!(round2(cores.by_role[*r as usize])))).collect::<serde_json::Map<_, _>>(),
+            "machine_cpu_ms_per_cancel": round2(cpu_ms_per_cancel),
+            "cores_needed_at_target": round2(cores_at_target),
+            "target_per_s": TARGET_BURST_PER_S,
+            "short_of_target_by": round2(TARGET_BURST_PER_S / rate.max(1.0)),
+            "peak_overdue": { "orders": overdue, "in_levels": levels, "in_ingest": ingest, "in_work_queue": work },
+            "verdict": verdict,
+        })
+    }
+
+    /// The samples from `from_ms` on, about one per second, for the JSON.
+    pub fn series(&self, from_ms: i64) -> Value {
+        let mut out = Vec::new();
+        let mut next = i64::MIN;
+        for s in self.samples.iter().filter(|s| s.at_ms >= from_ms) {
+            if s.at_ms >= next {
+                out.push(json!({
+                    "t_ms": s.at_ms - from_ms,
+                    "cancelled": s.cancelled,
+                    "overdue": s.overdue,
+                    "levels": s.levels,
+                    "ingest": s.ingest,
+                    "work": s.work,
+                }));
+                next = s.at_ms + 1000;
+            }
+        }
+        Value::Array(out)
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
