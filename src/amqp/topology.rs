@@ -4,7 +4,7 @@
 //! publisher ─► <prefix> ─► <prefix>.ingest ─► router
 //!   ttl:    router ─► <prefix>.out.23 ─► level of the highest set bit ─► … ─► <prefix>.due
 //!   plugin: <prefix> is x-delayed-message; router (after the delay) ─► <prefix>.due
-//! <prefix>.due (topic, `#.<kind>`) ─► <prefix>.work.<kind> ─► consumer
+//! <prefix>.due (topic, by kind) ─► <prefix>.work.<kind> ─► consumer
 //! anything that breaks the contract ─► <prefix>.parked (with x-parked-reason)
 //! ```
 //!

@@ -285,14 +285,21 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[(i64, i64)]) -> anyhow::Result
                 FieldTable::default(),
             )
             .await?;
+        // Every timer is due within the replayed schedule: give up 60 s after its end.
+        let (first_sent, last_sent_due) = schedule
+            .iter()
+            .fold((i64::MAX, i64::MIN), |(lo, hi), (at, window)| {
+                (lo.min(*at), hi.max(at + window))
+            });
+        let give_up = tokio::time::Instant::now()
+            + std::time::Duration::from_millis((last_sent_due - first_sent).max(0) as u64 + 60_000);
         let receiver = tokio::spawn(async move {
             let (mut got, mut first, mut last) = (0, 0, 0);
             while got < n {
-                let Ok(next) =
-                    tokio::time::timeout(std::time::Duration::from_secs(90), deliveries.next())
-                        .await
-                else {
-                    bail!("the delay path delivered {got} of {n} timers, then nothing for 90 s");
+                let Ok(next) = tokio::time::timeout_at(give_up, deliveries.next()).await else {
+                    bail!(
+                        "the delay path delivered {got} of {n} timers by 60 s after the last due"
+                    );
                 };
                 let Some(delivery) = next else {
                     bail!("the delay-path consumer ended after {got} deliveries");

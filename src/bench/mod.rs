@@ -43,6 +43,8 @@ use env::{BenchDatabase, Management, ProcStats, Resources, Service};
 pub(crate) const BURST_SPAN_MS: i64 = 2_000;
 /// Stock given to every SKU; never the limit.
 const STOCK: i64 = 1_000_000_000;
+/// The checkout rate the issue asks for (PostgreSQL), orders per second.
+const TARGET_CHECKOUT_PER_S: f64 = 3_000.0;
 /// One order in this many is paid before its deadline.
 const PAID_EVERY: usize = 10;
 
@@ -388,8 +390,14 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
             quantity: 1 + (j % 3) as i64,
         });
     }
+    let (pid, ticks) = {
+        let service = res.service.as_ref().context("service")?;
+        (service.pid(), service.ticks())
+    };
+    let cpu_before = profile::Cpu::read(pid, ticks);
     let started = Instant::now();
     let (ids, sent) = place(ctx, &base, &jobs, args.clients, None, "checkout").await?;
+    let cpu_after = profile::Cpu::read(pid, ticks);
     // The burst's timers as the relay scheduled them: when, and for how long.
     let burst_schedule: Vec<(i64, i64)> = jobs
         .iter()
@@ -399,6 +407,14 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
         .collect();
     let checkout_s = started.elapsed().as_secs_f64();
     let checkout_per_s = total as f64 / checkout_s;
+    let checkout_limit = profile::cpu_usage(
+        &cpu_before,
+        &cpu_after,
+        checkout_s,
+        total,
+        checkout_per_s,
+        TARGET_CHECKOUT_PER_S,
+    );
     println!("checkout: {total} orders in {checkout_s:.1}s = {checkout_per_s:.0}/s");
     pay(ctx, &base, &jobs, &ids, args.clients).await?;
     let margin = first_due - Millis::now().0;
@@ -431,10 +447,10 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
     let (first_cancel, last_cancel, burst_n) = result.burst_window;
     let drain = profile::Profile::new(samples);
     let limit = drain.limit(
-        first_cancel,
-        last_cancel,
+        (first_cancel, last_cancel),
         burst_n,
         result.burst_cancels_per_s,
+        result.burst_offered_per_s,
     );
     let series = drain.series(burst_start - 1_000);
     // The ceiling is measured on a quiet broker and database: the service stops first.
@@ -474,6 +490,7 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
         "fraction_of_ceiling": (fraction * 1000.0).round() / 1000.0,
         "fraction_of_delay_path": (result.burst_cancels_per_s / delay_path.per_s * 1000.0).round() / 1000.0,
         "limit": limit,
+        "checkout_limit": checkout_limit,
         "burst_drain_series": series,
         "service_peak_rss_mb": round1(stats.peak_rss_mb),
         "service_cpu_s": round1(stats.cpu_s),
@@ -1012,6 +1029,9 @@ fn print_table(r: &Value, stats: &ProcStats) {
         println!(
             "note: the service kept up with the burst; its rate is the offered rate, raise --burst to find its limit"
         );
+    }
+    if let Some(verdict) = r["checkout_limit"]["verdict"].as_str() {
+        println!("checkout: {verdict}");
     }
     if let Some(verdict) = r["limit"]["verdict"].as_str() {
         println!("limit: {verdict}");

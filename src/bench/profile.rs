@@ -248,8 +248,14 @@ impl Profile {
 
     /// The limit of the burst between its first and last cancel (epoch ms), as
     /// JSON, with a sentence for the table. `cancels` is the burst's cancels,
-    /// `rate` its measured cancels per second.
-    pub fn limit(&self, first_ms: i64, last_ms: i64, cancels: usize, rate: f64) -> Value {
+    /// `rate` its measured cancels per second, `offered` what it asked for.
+    pub fn limit(
+        &self,
+        (first_ms, last_ms): (i64, i64),
+        cancels: usize,
+        rate: f64,
+        offered: f64,
+    ) -> Value {
         let Some(cores) = self.cores(first_ms, last_ms) else {
             return json!({ "verdict": "not enough samples in the burst window" });
         };
@@ -279,18 +285,30 @@ impl Profile {
             .iter()
             .map(|r| format!("{} {:.2}", r.as_str(), cores.by_role[*r as usize]))
             .collect();
-        let verdict = format!(
-            "at the peak {overdue} orders were overdue, waiting in {waiting_in} \
+        let kept_up = rate >= 0.9 * offered;
+        let verdict = if kept_up {
+            format!(
+                "none reached: the service kept up with the offered {offered:.0}/s \
+                 (CPU {:.2} of {:.0} cores busy: {}); raise --burst to find the limit",
+                cores.busy,
+                machine_cores,
+                share.join(", "),
+            )
+        } else {
+            format!(
+                "at the peak {overdue} orders were overdue, waiting in {waiting_in} \
              (levels {levels}, ingest {ingest}, work {work}); CPU {:.2} of {:.0} cores busy \
              ({}){}; {cpu_ms_per_cancel:.2} ms of machine CPU per cancel, so {:.0}/s would \
              need {cores_at_target:.1} cores",
-            cores.busy,
-            machine_cores,
-            share.join(", "),
-            if saturated { ", saturated" } else { "" },
-            TARGET_BURST_PER_S,
-        );
+                cores.busy,
+                machine_cores,
+                share.join(", "),
+                if saturated { ", saturated" } else { "" },
+                TARGET_BURST_PER_S,
+            )
+        };
         json!({
+            "kept_up": kept_up,
             "window_s": (cores.wall_s * 100.0).round() / 100.0,
             "cores_busy": round2(cores.busy),
             "cores": round2(machine_cores),
@@ -324,6 +342,45 @@ impl Profile {
         }
         Value::Array(out)
     }
+}
+
+/// What the CPU did between two readings `wall_s` apart while `n` operations
+/// went through at `rate` per second, against a target rate: cores per process,
+/// machine CPU per operation, and the cores the target would need at that cost.
+pub fn cpu_usage(a: &Cpu, b: &Cpu, wall_s: f64, n: usize, rate: f64, target: f64) -> Value {
+    let wall_s = wall_s.max(1e-3);
+    let busy = (b.busy_s - a.busy_s) / wall_s;
+    let cores = (b.total_s - a.total_s) / wall_s;
+    let ms_per_op = (b.busy_s - a.busy_s) * 1000.0 / n.max(1) as f64;
+    let by_role: serde_json::Map<String, Value> = Role::ALL
+        .iter()
+        .map(|r| {
+            let i = *r as usize;
+            (
+                r.as_str().to_string(),
+                json!(round2((b.by_role[i] - a.by_role[i]) / wall_s)),
+            )
+        })
+        .collect();
+    let share: Vec<String> = by_role.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let saturated = busy >= 0.9 * cores;
+    json!({
+        "cores_busy": round2(busy),
+        "cores": round2(cores),
+        "cpu_saturated": saturated,
+        "cores_by_process": by_role,
+        "machine_cpu_ms_per_op": round2(ms_per_op),
+        "target_per_s": target,
+        "cores_needed_at_target": round2(ms_per_op * target / 1000.0),
+        "short_of_target_by": round2(target / rate.max(1.0)),
+        "verdict": format!(
+            "CPU {busy:.2} of {cores:.0} cores busy ({}){}; {ms_per_op:.2} ms of machine CPU \
+             per order, so {target:.0}/s would need {:.1} cores",
+            share.join(", "),
+            if saturated { ", saturated" } else { "" },
+            ms_per_op * target / 1000.0
+        ),
+    })
 }
 
 fn round2(x: f64) -> f64 {

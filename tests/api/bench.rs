@@ -65,5 +65,26 @@ fn small_bench_on_sqlite_writes_valid_json() {
             "{key}: {report}"
         );
     }
+    // The broker-only replay of the burst through a copy of the delay path.
+    assert!(
+        report["ceiling"]["delay_path_per_s"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    // The drain was sampled: CPU per process and where the due timers were.
+    let limit = &report["limit"];
+    assert!(!limit["verdict"].as_str().unwrap().is_empty(), "{report}");
+    for role in ["broker", "database", "service", "bench"] {
+        assert!(
+            limit["cores_by_process"][role].as_f64().unwrap() >= 0.0,
+            "{role}: {report}"
+        );
+    }
+    assert!(
+        limit["cores_by_process"]["broker"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let series = report["burst_drain_series"].as_array().unwrap();
+    assert!(!series.is_empty(), "{report}");
+    assert!(stdout.contains("limit: "), "{stdout}");
     std::fs::remove_dir_all(dir).ok();
 }
