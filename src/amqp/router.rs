@@ -79,7 +79,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     // Prefetch bounds how many messages are in flight between broker and router;
     // confirms: a message is acked from ingest only once its copy is safe.
-    let (consume, publish) = channels(&conn, ctx.settings.amqp.prefetch).await?;
+    let (consume, publish) = channels(&conn, ctx.settings.amqp.router_prefetch).await?;
     let tag = format!("router {}", ctx.settings.amqp.instance);
     let mut consumer = consume
         .basic_consume(

@@ -38,6 +38,15 @@ use crate::domain::TimeoutKind;
 /// than the 49.7 days of the largest `x-delay`.
 pub const LEVELS: u32 = 23;
 
+/// The first TTL level in lazy mode (classic queues): 2^8 s, about 4 minutes.
+/// Levels from here up hold the long backlog (payment windows of minutes,
+/// fulfillment deadlines of days: a million pending timers sit there), and lazy
+/// mode keeps their messages on disk instead of in the broker's memory. The short
+/// levels, which carry a due burst's last stays, keep the default mode. RabbitMQ
+/// 3.10 and 3.11 honour the mode; 3.12 and later ignore it, since every classic
+/// queue there pages to disk like a lazy one.
+pub const LAZY_FROM: u32 = 8;
+
 /// Bits per word of a TTL routing key.
 const DIGIT_BITS: u32 = 3;
 
@@ -381,6 +390,9 @@ fn level_args(names: &Names, l: u32, queue_type: QueueType) -> Args {
         // No dead-letter routing key: the original key, with its bits, travels on.
         ("x-dead-letter-exchange", Arg::Text(names.out(l))),
     ];
+    if queue_type == QueueType::Classic && l >= LAZY_FROM {
+        args.push(("x-queue-mode", Arg::Text("lazy".into())));
+    }
     if queue_type == QueueType::Quorum {
         // Without this a quorum queue dead-letters at most once: a message lost
         // on the way to the next level would be a lost timer. At-least-once

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lapin::types::FieldTable;
 use order_timeout::amqp::definitions;
-use order_timeout::amqp::topology::{LEVELS, Mode, Names};
+use order_timeout::amqp::topology::{LAZY_FROM, LEVELS, Mode, Names};
 use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 
@@ -140,6 +140,16 @@ async fn imported_definitions_run_a_timeout(backend: Backend, mode: DelayMode) {
     let app = spawn_app(Spawn::new(backend, mode).vhost(vhost)).await;
     assert_eq!(app.names.entry(), "order.timeouts", "the files' prefix");
     assert_vhost_matches(&app.vhost, &defs).await;
+    if topology_mode(mode) == Mode::Ttl {
+        // The long levels hold the backlog on disk (lazy); the short ones, a due
+        // burst's last stays, keep the default mode.
+        for l in 0..LEVELS {
+            let name = url_encode(&app.names.level(l));
+            let q = api_get(&format!("/queues/{}/{name}", url_encode(&app.vhost))).await;
+            let lazy = q["arguments"]["x-queue-mode"] == "lazy";
+            assert_eq!(lazy, l >= LAZY_FROM, "level {l}: {q}");
+        }
+    }
 
     app.put_stock("A", 3).await;
     let id = app.order(&[("A", 2)], "2s").await;
