@@ -25,7 +25,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
-use super::RunCtx;
+use super::{Lateness, RunCtx};
 use crate::amqp::wire::{self, TimeoutMessage};
 use crate::domain::{Millis, OrderId, TimeoutKind};
 
@@ -228,27 +228,43 @@ pub async fn db_batch_cancel(ctx: &RunCtx, n: usize) -> anyhow::Result<f64> {
 
 /// What the broker's delay path managed alone.
 pub struct DelayPath {
-    /// Messages out of the delay path per second, first to last arrival.
+    /// Burst messages out of the delay path per second, first to last arrival.
     pub per_s: f64,
-    /// Last arrival minus the last due time.
+    /// Last burst arrival minus the last burst due time.
     pub drain_ms: i64,
+    /// How late each burst timer arrived: `max(0, arrival - due)` (an early one
+    /// would be held by the consumer until it is due, so the broker cost it nothing).
+    pub burst: Lateness,
+    /// The same for the steady load.
+    pub steady: Lateness,
 }
 
-/// The broker alone carrying the run's burst through the run's delay mechanism:
-/// the burst's timers replayed into a throwaway copy of the topology, each
-/// published at the same moment relative to the others as the service's relay
-/// published it and with the same delay (`schedule`: when its checkout was
-/// sent, epoch ms, and its window in ms), so each sits in the same TTL levels at
-/// the same relative times; then consumed from the copy's work queue (ttl) or
-/// ingest queue (plugin) by one consumer acking per batch. No router, no
-/// database, no service: the rate at which this broker hands that burst over at all.
-pub async fn delay_path(ctx: &RunCtx, schedule: &[(i64, i64)]) -> anyhow::Result<DelayPath> {
-    let n = schedule.len();
-    if n == 0 {
-        bail!("the delay path needs at least one timer");
-    }
+/// One timer of the run, as the service's relay scheduled it.
+#[derive(Debug, Clone, Copy)]
+pub struct Scheduled {
+    /// When its checkout was sent (epoch ms).
+    pub sent_ms: i64,
+    /// Its payment window (ms).
+    pub window_ms: i64,
+    /// Part of the burst (else of the steady load).
+    pub burst: bool,
+}
+
+/// The broker alone carrying the run's timers through the run's delay mechanism:
+/// every steady and burst timer replayed into a throwaway copy of the topology,
+/// each published at the same moment relative to the others as the service's
+/// relay published it and with the same delay, so each sits in the same TTL
+/// levels at the same relative times; then consumed from the copy's work queue
+/// (ttl) or ingest queue (plugin) by one consumer acking per batch. No router,
+/// no database, no service: how fast, and how late, this broker hands these
+/// timers over at all.
+pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<DelayPath> {
     use crate::amqp::topology::{self, LEVELS, Mode, Names, QueueType};
-    println!("ceiling: delay path, the burst's {n} timers replayed through a copy of the topology");
+    let n = schedule.len();
+    if !schedule.iter().any(|s| s.burst) {
+        bail!("the delay path needs at least one burst timer");
+    }
+    println!("ceiling: delay path, the run's {n} timers replayed through a copy of the topology");
     let mode = if ctx.mode == "plugin" {
         Mode::Plugin
     } else {
@@ -268,6 +284,18 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[(i64, i64)]) -> anyhow::Result
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
+        let mut order: Vec<Scheduled> = schedule.to_vec();
+        order.sort_unstable_by_key(|s| s.sent_ms);
+        let t0 = order[0].sent_ms;
+        let start = Millis::now().0 + 200;
+        // Message i is due at dues[i]; its order id says which it is.
+        let dues: Vec<(i64, bool)> = order
+            .iter()
+            .map(|s| (start + (s.sent_ms - t0) + s.window_ms, s.burst))
+            .collect();
+        let last_due = dues.iter().map(|(d, _)| *d).max().unwrap_or(start);
+        let first_id = 2_000_000_i64;
+
         // The consumer runs before the first publish: arrivals are timed as they come.
         let queue = match mode {
             Mode::Ttl => names.work(TimeoutKind::Payment),
@@ -285,103 +313,123 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[(i64, i64)]) -> anyhow::Result
                 FieldTable::default(),
             )
             .await?;
-        // Every timer is due within the replayed schedule: give up 60 s after its end.
-        let (first_sent, last_sent_due) = schedule
-            .iter()
-            .fold((i64::MAX, i64::MIN), |(lo, hi), (at, window)| {
-                (lo.min(*at), hi.max(at + window))
-            });
         let give_up = tokio::time::Instant::now()
-            + std::time::Duration::from_millis((last_sent_due - first_sent).max(0) as u64 + 60_000);
+            + std::time::Duration::from_millis((last_due - Millis::now().0).max(0) as u64 + 60_000);
+        let arrivals_of = dues.clone();
         let receiver = tokio::spawn(async move {
-            let (mut got, mut first, mut last) = (0, 0, 0);
-            while got < n {
+            // (arrival ms, due ms, burst) per delivery.
+            let mut arrivals: Vec<(i64, i64, bool)> = Vec::with_capacity(n);
+            while arrivals.len() < n {
                 let Ok(next) = tokio::time::timeout_at(give_up, deliveries.next()).await else {
                     bail!(
-                        "the delay path delivered {got} of {n} timers by 60 s after the last due"
+                        "the delay path delivered {} of {n} timers by 60 s after the last due",
+                        arrivals.len()
                     );
                 };
                 let Some(delivery) = next else {
-                    bail!("the delay-path consumer ended after {got} deliveries");
+                    bail!("the delay-path consumer ended after {} deliveries", arrivals.len());
                 };
                 let mut delivery = delivery?;
-                if got == 0 {
-                    first = Millis::now().0;
-                }
-                got += 1;
-                while got < n {
+                loop {
+                    let now = Millis::now().0;
+                    let message = wire::decode("payment", Some("application/json"), &delivery.data)
+                        .map_err(|p| anyhow::anyhow!("a delay-path message does not decode: {p:?}"))?;
+                    let i = (message.order_id.get() - first_id) as usize;
+                    let (due, burst) = *arrivals_of
+                        .get(i)
+                        .context("a delay-path message with an unknown id")?;
+                    arrivals.push((now, due, burst));
+                    if arrivals.len() >= n {
+                        break;
+                    }
                     match deliveries.next().now_or_never() {
-                        Some(Some(d)) => {
-                            delivery = d?;
-                            got += 1;
-                        }
+                        Some(Some(d)) => delivery = d?,
                         _ => break,
                     }
                 }
-                last = Millis::now().0;
                 delivery
                     .acker
                     .ack(BasicAckOptions { multiple: true })
                     .await?;
             }
-            Ok::<_, anyhow::Error>((first, last))
+            Ok::<_, anyhow::Error>(arrivals)
         });
-        let mut order: Vec<(i64, i64)> = schedule.to_vec();
-        order.sort_unstable();
-        let t0 = order[0].0;
-        let start = Millis::now().0;
-        let last_due = order
-            .iter()
-            .map(|(at, window)| start + (at - t0) + window)
-            .max()
-            .unwrap_or(start);
+
         let mut confirms = Vec::with_capacity(n);
-        for (i, (at, window)) in order.iter().enumerate() {
-            let publish_at = start + (at - t0);
+        for (i, s) in order.iter().enumerate() {
+            let publish_at = start + (s.sent_ms - t0);
             let wait = publish_at - Millis::now().0;
             if wait > 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(wait as u64)).await;
             }
-            {
-                let due = Millis(publish_at + window);
-                let delay_ms = (due.0 - Millis::now().0).max(1);
-                let message = TimeoutMessage {
-                    order_id: OrderId::new(2_000_000 + i as i64),
-                    kind: TimeoutKind::Payment,
-                    due_at: Some(due),
-                };
-                let properties =
-                    wire::properties(&format!("{i}:payment"), Millis::now(), delay_ms as u64, &[]);
-                let (exchange, key) = match mode {
-                    Mode::Ttl => (
-                        names.out(LEVELS),
-                        topology::ttl_routing_key(delay_ms as u64 / 1000, TimeoutKind::Payment),
-                    ),
-                    Mode::Plugin => (names.entry().to_string(), "payment".to_string()),
-                };
-                confirms.push(
-                    channel
-                        .basic_publish(
-                            exchange.as_str().into(),
-                            key.as_str().into(),
-                            BasicPublishOptions::default(),
-                            &wire::encode(&message),
-                            properties,
-                        )
-                        .await?,
-                );
-            }
+            let due = Millis(dues[i].0);
+            let delay_ms = (due.0 - Millis::now().0).max(1);
+            let message = TimeoutMessage {
+                order_id: OrderId::new(first_id + i as i64),
+                kind: TimeoutKind::Payment,
+                due_at: Some(due),
+            };
+            let properties =
+                wire::properties(&format!("{i}:payment"), Millis::now(), delay_ms as u64, &[]);
+            let (exchange, key) = match mode {
+                Mode::Ttl => (
+                    names.out(LEVELS),
+                    topology::ttl_routing_key(delay_ms as u64 / 1000, TimeoutKind::Payment),
+                ),
+                Mode::Plugin => (names.entry().to_string(), "payment".to_string()),
+            };
+            confirms.push(
+                channel
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        key.as_str().into(),
+                        BasicPublishOptions::default(),
+                        &wire::encode(&message),
+                        properties,
+                    )
+                    .await?,
+            );
         }
         for confirm in confirms {
             if !confirm.await?.is_ack() {
                 bail!("the broker nacked a delay-path publish");
             }
         }
-        let (first, last) = receiver.await.context("the delay-path consumer task")??;
-        let per_s = n as f64 * 1000.0 / (last - first).max(1) as f64;
-        let drain_ms = last - last_due;
-        println!("ceiling: delay path {per_s:.0}/s, drained {drain_ms} ms after the last due");
-        Ok(DelayPath { per_s, drain_ms })
+        let arrivals = receiver.await.context("the delay-path consumer task")??;
+        let late = |burst: bool| {
+            Lateness::of(
+                arrivals
+                    .iter()
+                    .filter(|a| a.2 == burst)
+                    .map(|(at, due, _)| (at - due).max(0))
+                    .collect(),
+            )
+        };
+        let (first, last) = arrivals
+            .iter()
+            .filter(|a| a.2)
+            .fold((i64::MAX, i64::MIN), |(lo, hi), a| (lo.min(a.0), hi.max(a.0)));
+        let burst_n = arrivals.iter().filter(|a| a.2).count();
+        let last_burst_due = dues
+            .iter()
+            .filter(|d| d.1)
+            .map(|d| d.0)
+            .max()
+            .unwrap_or(last_due);
+        let per_s = burst_n as f64 * 1000.0 / (last - first).max(1) as f64;
+        let drain_ms = last - last_burst_due;
+        let (burst, steady) = (late(true), late(false));
+        println!(
+            "ceiling: delay path {per_s:.0}/s for the burst, drained {drain_ms} ms after its last due; \
+             arrived late by p99 {} ms (burst), {} ms (steady)",
+            burst.p99, steady.p99
+        );
+        Ok(DelayPath {
+            per_s,
+            drain_ms,
+            burst,
+            steady,
+        })
     }
     .await;
     if let Ok(channel) = conn.create_channel().await {

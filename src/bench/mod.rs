@@ -398,12 +398,15 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
     let started = Instant::now();
     let (ids, sent) = place(ctx, &base, &jobs, args.clients, None, "checkout").await?;
     let cpu_after = profile::Cpu::read(pid, ticks);
-    // The burst's timers as the relay scheduled them: when, and for how long.
-    let burst_schedule: Vec<(i64, i64)> = jobs
+    // The run's timers as the relay scheduled them: when, and for how long.
+    let schedule: Vec<ceiling::Scheduled> = jobs
         .iter()
         .zip(&sent)
-        .filter(|(j, _)| j.group == Group::Burst)
-        .map(|(j, at)| (*at, j.deadline_ms - at))
+        .map(|(j, at)| ceiling::Scheduled {
+            sent_ms: *at,
+            window_ms: j.deadline_ms - at,
+            burst: j.group == Group::Burst,
+        })
         .collect();
     let checkout_s = started.elapsed().as_secs_f64();
     let checkout_per_s = total as f64 / checkout_s;
@@ -460,7 +463,8 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
     let n = args.burst.max(2_000);
     let consume = ceiling::consume_ack(ctx, n).await?;
     let update = ceiling::db_batch_cancel(ctx, n).await?;
-    let delay_path = ceiling::delay_path(ctx, &burst_schedule).await?;
+    let delay_path = ceiling::delay_path(ctx, &schedule).await?;
+    let steady_limit = steady_verdict(&result.steady, &delay_path.steady);
     let lower = consume.consume_ack_per_s.min(update);
     let fraction = result.burst_cancels_per_s / lower;
     let report = json!({
@@ -486,11 +490,16 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
             "db_batch_cancel_per_s": round1(update),
             "delay_path_per_s": round1(delay_path.per_s),
             "delay_path_drain_ms": delay_path.drain_ms,
+            "delay_path_lateness_ms": {
+                "burst": delay_path.burst.json(),
+                "steady": delay_path.steady.json(),
+            },
         },
         "fraction_of_ceiling": (fraction * 1000.0).round() / 1000.0,
         "fraction_of_delay_path": (result.burst_cancels_per_s / delay_path.per_s * 1000.0).round() / 1000.0,
         "limit": limit,
         "checkout_limit": checkout_limit,
+        "steady_limit": steady_limit,
         "burst_drain_series": series,
         "service_peak_rss_mb": round1(stats.peak_rss_mb),
         "service_cpu_s": round1(stats.cpu_s),
@@ -498,6 +507,42 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
     });
     print_table(&report, &stats);
     Ok(report)
+}
+
+/// The steady load's lateness against the broker's own: how late the delay path
+/// alone delivered the same timers (nothing else running) says how much of the
+/// service's lateness is the broker's.
+fn steady_verdict(service: &Lateness, broker: &Lateness) -> Value {
+    const TARGET_P99_MS: i64 = 100;
+    let verdict = if service.n == 0 {
+        "no steady load in this run".to_string()
+    } else if service.p99 <= TARGET_P99_MS {
+        format!(
+            "p99 {} ms, within the {TARGET_P99_MS} ms target",
+            service.p99
+        )
+    } else if broker.p99 * 2 >= service.p99 {
+        format!(
+            "p99 {} ms against the {TARGET_P99_MS} ms target; the broker's delay path alone \
+             delivered the same timers late by p99 {} ms, so most of it is the TTL levels'",
+            service.p99, broker.p99
+        )
+    } else {
+        format!(
+            "p99 {} ms against the {TARGET_P99_MS} ms target; the broker's delay path alone \
+             delivered the same timers late by p99 {} ms, so most of it ({} ms) is the \
+             service's own: the consumer's batch and its transaction",
+            service.p99,
+            broker.p99,
+            service.p99 - broker.p99
+        )
+    };
+    json!({
+        "target_p99_ms": TARGET_P99_MS,
+        "service_p99_ms": service.p99,
+        "delay_path_p99_ms": broker.p99,
+        "verdict": verdict,
+    })
 }
 
 fn round1(x: f64) -> f64 {
@@ -744,17 +789,17 @@ async fn wait_drained(
 
 /// Lateness percentiles of one load, in milliseconds.
 #[derive(Debug, Clone, Copy, Default)]
-struct Lateness {
+pub(crate) struct Lateness {
     /// Orders measured.
     n: usize,
     p50: i64,
     p90: i64,
-    p99: i64,
+    pub(crate) p99: i64,
     max: i64,
 }
 
 impl Lateness {
-    fn of(mut values: Vec<i64>) -> Self {
+    pub(crate) fn of(mut values: Vec<i64>) -> Self {
         values.sort_unstable();
         let n = values.len();
         if n == 0 {
@@ -770,7 +815,7 @@ impl Lateness {
             max: values[n - 1],
         }
     }
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         json!({ "n": self.n, "p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max })
     }
 }
@@ -1011,6 +1056,14 @@ fn print_table(r: &Value, stats: &ProcStats) {
             ),
         ),
         (
+            "delay path alone, arrived late by",
+            format!(
+                "burst p99 {} ms, steady p99 {} ms",
+                r["ceiling"]["delay_path_lateness_ms"]["burst"]["p99"],
+                r["ceiling"]["delay_path_lateness_ms"]["steady"]["p99"]
+            ),
+        ),
+        (
             "burst / lower ceiling",
             format!("{}", r["fraction_of_ceiling"]),
         ),
@@ -1029,6 +1082,9 @@ fn print_table(r: &Value, stats: &ProcStats) {
         println!(
             "note: the service kept up with the burst; its rate is the offered rate, raise --burst to find its limit"
         );
+    }
+    if let Some(verdict) = r["steady_limit"]["verdict"].as_str() {
+        println!("steady: {verdict}");
     }
     if let Some(verdict) = r["checkout_limit"]["verdict"].as_str() {
         println!("checkout: {verdict}");

@@ -86,5 +86,25 @@ fn small_bench_on_sqlite_writes_valid_json() {
     let series = report["burst_drain_series"].as_array().unwrap();
     assert!(!series.is_empty(), "{report}");
     assert!(stdout.contains("limit: "), "{stdout}");
+    // The replay covered both loads, and says how late the broker alone was.
+    for load in ["burst", "steady"] {
+        let l = &report["ceiling"]["delay_path_lateness_ms"][load];
+        assert!(l["n"].as_u64().unwrap() > 0, "{load}: {report}");
+        assert!(l["p99"].as_i64().unwrap() >= 0, "{load}: {report}");
+    }
+    assert!(
+        !report["steady_limit"]["verdict"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "{report}"
+    );
+    assert!(
+        !report["checkout_limit"]["verdict"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "{report}"
+    );
     std::fs::remove_dir_all(dir).ok();
 }
