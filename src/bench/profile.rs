@@ -218,6 +218,53 @@ struct Cores {
     busy_s: f64,
 }
 
+impl Cores {
+    /// The CPU used between readings `a` and `b`, taken `wall_s` apart.
+    fn between(a: &Cpu, b: &Cpu, wall_s: f64) -> Self {
+        let mut by_role = [0.0; 4];
+        for (i, r) in by_role.iter_mut().enumerate() {
+            *r = (b.by_role[i] - a.by_role[i]) / wall_s;
+        }
+        Self {
+            by_role,
+            busy: (b.busy_s - a.busy_s) / wall_s,
+            total: (b.total_s - a.total_s) / wall_s,
+            wall_s,
+            busy_s: b.busy_s - a.busy_s,
+        }
+    }
+
+    /// Busy for at least 90 % of the window.
+    fn saturated(&self) -> bool {
+        self.busy >= 0.9 * self.total
+    }
+
+    /// Machine CPU milliseconds per operation, `n` operations in the window.
+    fn ms_per(&self, n: usize) -> f64 {
+        self.busy_s * 1000.0 / n.max(1) as f64
+    }
+
+    /// "broker 0.97, database 0.41, …" for a verdict.
+    fn share(&self) -> String {
+        Role::ALL
+            .iter()
+            .map(|r| format!("{} {:.2}", r.as_str(), self.by_role[*r as usize]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Cores per process, for the JSON.
+    fn by_process(&self) -> serde_json::Map<String, Value> {
+        Role::ALL
+            .iter()
+            .map(|r| {
+                let cores = round2(self.by_role[*r as usize]);
+                (r.as_str().to_string(), json!(cores))
+            })
+            .collect()
+    }
+}
+
 impl Profile {
     /// Wraps the samples taken during one drain.
     pub fn new(samples: Vec<Sample>) -> Self {
@@ -230,20 +277,7 @@ impl Profile {
         let a = self.samples.iter().rev().find(|s| s.at_ms <= from_ms)?;
         let b = self.samples.iter().find(|s| s.at_ms >= to_ms)?;
         let wall_s = (b.at_ms - a.at_ms) as f64 / 1000.0;
-        if wall_s <= 0.0 {
-            return None;
-        }
-        let mut by_role = [0.0; 4];
-        for (i, r) in by_role.iter_mut().enumerate() {
-            *r = (b.cpu.by_role[i] - a.cpu.by_role[i]) / wall_s;
-        }
-        Some(Cores {
-            by_role,
-            busy: (b.cpu.busy_s - a.cpu.busy_s) / wall_s,
-            total: (b.cpu.total_s - a.cpu.total_s) / wall_s,
-            wall_s,
-            busy_s: b.cpu.busy_s - a.cpu.busy_s,
-        })
+        (wall_s > 0.0).then(|| Cores::between(&a.cpu, &b.cpu, wall_s))
     }
 
     /// The limit of the burst between its first and last cancel (epoch ms), as
@@ -259,7 +293,7 @@ impl Profile {
         let Some(cores) = self.cores(first_ms, last_ms) else {
             return json!({ "verdict": "not enough samples in the burst window" });
         };
-        let cpu_ms_per_cancel = cores.busy_s * 1000.0 / cancels.max(1) as f64;
+        let cpu_ms_per_cancel = cores.ms_per(cancels);
         let cores_at_target = cpu_ms_per_cancel * TARGET_BURST_PER_S / 1000.0;
         // The moment most orders were overdue: where were their timers?
         let peak = self
@@ -271,7 +305,7 @@ impl Profile {
             .map(|s| (s.overdue, s.levels, s.ingest, s.work))
             .unwrap_or_default();
         let machine_cores = cores.total;
-        let saturated = cores.busy >= 0.9 * machine_cores;
+        let saturated = cores.saturated();
         let waiting_in = if overdue == 0 {
             "nowhere (no order was overdue at any sample)"
         } else if i64::from(work) * 2 >= overdue {
@@ -281,18 +315,13 @@ impl Profile {
         } else {
             "the TTL levels: the broker moved due timers out of the levels more slowly than they fell due"
         };
-        let share: Vec<String> = Role::ALL
-            .iter()
-            .map(|r| format!("{} {:.2}", r.as_str(), cores.by_role[*r as usize]))
-            .collect();
+        let share = cores.share();
         let kept_up = rate >= 0.9 * offered;
         let verdict = if kept_up {
             format!(
                 "none reached: the service kept up with the offered {offered:.0}/s \
                  (CPU {:.2} of {:.0} cores busy: {}); raise --burst to find the limit",
-                cores.busy,
-                machine_cores,
-                share.join(", "),
+                cores.busy, machine_cores, share,
             )
         } else {
             format!(
@@ -302,7 +331,7 @@ impl Profile {
              need {cores_at_target:.1} cores",
                 cores.busy,
                 machine_cores,
-                share.join(", "),
+                share,
                 if saturated { ", saturated" } else { "" },
                 TARGET_BURST_PER_S,
             )
@@ -313,7 +342,7 @@ impl Profile {
             "cores_busy": round2(cores.busy),
             "cores": round2(machine_cores),
             "cpu_saturated": saturated,
-            "cores_by_process": Role::ALL.iter().map(|r| (r.as_str().to_string(), json!(round2(cores.by_role[*r as usize])))).collect::<serde_json::Map<_, _>>(),
+            "cores_by_process": cores.by_process(),
             "machine_cpu_ms_per_cancel": round2(cpu_ms_per_cancel),
             "cores_needed_at_target": round2(cores_at_target),
             "target_per_s": TARGET_BURST_PER_S,
@@ -348,35 +377,24 @@ impl Profile {
 /// went through at `rate` per second, against a target rate: cores per process,
 /// machine CPU per operation, and the cores the target would need at that cost.
 pub fn cpu_usage(a: &Cpu, b: &Cpu, wall_s: f64, n: usize, rate: f64, target: f64) -> Value {
-    let wall_s = wall_s.max(1e-3);
-    let busy = (b.busy_s - a.busy_s) / wall_s;
-    let cores = (b.total_s - a.total_s) / wall_s;
-    let ms_per_op = (b.busy_s - a.busy_s) * 1000.0 / n.max(1) as f64;
-    let by_role: serde_json::Map<String, Value> = Role::ALL
-        .iter()
-        .map(|r| {
-            let i = *r as usize;
-            (
-                r.as_str().to_string(),
-                json!(round2((b.by_role[i] - a.by_role[i]) / wall_s)),
-            )
-        })
-        .collect();
-    let share: Vec<String> = by_role.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    let saturated = busy >= 0.9 * cores;
+    let cores = Cores::between(a, b, wall_s.max(1e-3));
+    let ms_per_op = cores.ms_per(n);
+    let saturated = cores.saturated();
     json!({
-        "cores_busy": round2(busy),
-        "cores": round2(cores),
+        "cores_busy": round2(cores.busy),
+        "cores": round2(cores.total),
         "cpu_saturated": saturated,
-        "cores_by_process": by_role,
+        "cores_by_process": cores.by_process(),
         "machine_cpu_ms_per_op": round2(ms_per_op),
         "target_per_s": target,
         "cores_needed_at_target": round2(ms_per_op * target / 1000.0),
         "short_of_target_by": round2(target / rate.max(1.0)),
         "verdict": format!(
-            "CPU {busy:.2} of {cores:.0} cores busy ({}){}; {ms_per_op:.2} ms of machine CPU \
+            "CPU {:.2} of {:.0} cores busy ({}){}; {ms_per_op:.2} ms of machine CPU \
              per order, so {target:.0}/s would need {:.1} cores",
-            share.join(", "),
+            cores.busy,
+            cores.total,
+            cores.share(),
             if saturated { ", saturated" } else { "" },
             ms_per_op * target / 1000.0
         ),
