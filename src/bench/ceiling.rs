@@ -17,12 +17,12 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use futures_util::{FutureExt, StreamExt};
+use lapin::Connection;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
 use super::{Lateness, RunCtx};
@@ -43,12 +43,7 @@ pub struct BrokerCeiling {
 /// Raw consume-and-ack rate of a plain durable queue in the run's vhost.
 pub async fn consume_ack(ctx: &RunCtx, n: usize) -> anyhow::Result<BrokerCeiling> {
     println!("ceiling: broker, {n} persistent messages through a throwaway queue");
-    let conn = Connection::connect(
-        &ctx.amqp_url,
-        ConnectionProperties::default().with_connection_name("order-timeout bench ceiling".into()),
-    )
-    .await
-    .context("connecting to the run's vhost")?;
+    let conn = ctx.broker("ceiling").await?;
     let queue = format!("{}.bench-ceiling", ctx.prefix);
     let result = consume_ack_on(&conn, &queue, n, ctx.prefetch, ctx.batch_size).await;
     if let Ok(channel) = conn.create_channel().await {
@@ -270,13 +265,7 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<
     } else {
         Mode::Ttl
     };
-    let conn = Connection::connect(
-        &ctx.amqp_url,
-        ConnectionProperties::default()
-            .with_connection_name("order-timeout bench delay path".into()),
-    )
-    .await
-    .context("connecting to the run's vhost")?;
+    let conn = ctx.broker("delay path").await?;
     let names = Names::new(&format!("{}.ceiling", ctx.prefix));
     let channel = conn.create_channel().await?;
     topology::declare(&channel, &names, mode, QueueType::Classic).await?;

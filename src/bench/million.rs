@@ -208,12 +208,7 @@ async fn schedule(
     res: &mut Resources,
     m: usize,
 ) -> anyhow::Result<(f64, f64, BrokerState, BrokerState)> {
-    let conn = lapin::Connection::connect(
-        &ctx.amqp_url,
-        lapin::ConnectionProperties::default()
-            .with_connection_name("order-timeout bench million".into()),
-    )
-    .await?;
+    let conn = ctx.broker("million").await?;
     let channel = conn.create_channel().await?;
     let result = schedule_on(ctx, res, m, &channel).await;
     let _ = conn.close(200, "done".into()).await;

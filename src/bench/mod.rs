@@ -288,6 +288,20 @@ pub(crate) struct RunCtx {
     prefix: String,
 }
 
+impl RunCtx {
+    /// A connection of the bench's own to the run's vhost, named
+    /// `order-timeout bench <role>` in the management UI.
+    pub(crate) async fn broker(&self, role: &str) -> anyhow::Result<lapin::Connection> {
+        let name = format!("order-timeout bench {role}");
+        lapin::Connection::connect(
+            &self.amqp_url,
+            lapin::ConnectionProperties::default().with_connection_name(name.into()),
+        )
+        .await
+        .with_context(|| format!("connecting the bench's {role} connection to the run's vhost"))
+    }
+}
+
 /// Which load an order belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Group {
@@ -725,7 +739,8 @@ async fn wait_drained(
     last_due: i64,
     limit: Duration,
 ) -> anyhow::Result<Vec<profile::Sample>> {
-    let depths = profile::Depths::connect(&ctx.amqp_url, &ctx.prefix, ctx.mode == "ttl").await?;
+    let depths =
+        profile::Depths::new(ctx.broker("depths").await?, &ctx.prefix, ctx.mode == "ttl").await?;
     let mut samples = Vec::new();
     let mut printed = Instant::now() - Duration::from_secs(1);
     loop {

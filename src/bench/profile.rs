@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection};
 use serde_json::{Value, json};
 
 use crate::amqp::topology::{LEVELS, Names};
@@ -147,15 +147,8 @@ pub struct Depths {
 }
 
 impl Depths {
-    /// Connects to `amqp_url` (the run's vhost).
-    pub async fn connect(amqp_url: &str, prefix: &str, ttl: bool) -> anyhow::Result<Self> {
-        let conn = Connection::connect(
-            amqp_url,
-            ConnectionProperties::default()
-                .with_connection_name("order-timeout bench depths".into()),
-        )
-        .await
-        .context("connecting the depth sampler")?;
+    /// Opens a channel per queue of `prefix` on `conn` (the run's vhost).
+    pub async fn new(conn: Connection, prefix: &str, ttl: bool) -> anyhow::Result<Self> {
         let names = Names::new(prefix);
         let mut wanted: Vec<String> = if ttl {
             (0..LEVELS).map(|l| names.level(l)).collect()
