@@ -130,23 +130,11 @@ async fn consume_ack_on(
     let mut acked = 0;
     while acked < n {
         // Gather like the consumer: wait for one, take what is ready, up to a batch.
-        let mut last = match deliveries.next().await {
+        let first = match deliveries.next().await {
             Some(d) => d?,
             None => bail!("the ceiling consumer ended after {acked} deliveries"),
         };
-        let mut in_batch = 1;
-        while in_batch < batch_size {
-            match deliveries.next().now_or_never() {
-                Some(Some(d)) => {
-                    last = d?;
-                    in_batch += 1;
-                }
-                Some(None) => bail!("the ceiling consumer ended"),
-                None => break,
-            }
-        }
-        last.acker.ack(BasicAckOptions { multiple: true }).await?;
-        acked += in_batch;
+        acked += ack_batch(&mut deliveries, first, batch_size).await?.len();
     }
     let consume_ack_per_s = n as f64 / started.elapsed().as_secs_f64();
     println!("ceiling: publish+confirm {publish_per_s:.0}/s, consume+ack {consume_ack_per_s:.0}/s");
@@ -154,6 +142,27 @@ async fn consume_ack_on(
         publish_per_s,
         consume_ack_per_s,
     })
+}
+
+/// Takes `first` and the deliveries already waiting behind it, up to `max` in
+/// all, acks them with one `multiple` ack, and returns their bodies.
+async fn ack_batch(
+    deliveries: &mut lapin::Consumer,
+    first: lapin::message::Delivery,
+    max: usize,
+) -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut last = first;
+    let mut bodies = Vec::new();
+    while bodies.len() + 1 < max {
+        match deliveries.next().now_or_never() {
+            Some(Some(d)) => bodies.push(std::mem::replace(&mut last, d?).data),
+            Some(None) => bail!("the bench's consumer ended"),
+            None => break,
+        }
+    }
+    last.acker.ack(BasicAckOptions { multiple: true }).await?;
+    bodies.push(last.data);
+    Ok(bodies)
 }
 
 /// Raw batched conditional-UPDATE rate on the run's database, rows per second.
@@ -318,28 +327,17 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<
                 let Some(delivery) = next else {
                     bail!("the delay-path consumer ended after {} deliveries", arrivals.len());
                 };
-                let mut delivery = delivery?;
-                loop {
-                    let now = Millis::now().0;
-                    let message = wire::decode("payment", Some("application/json"), &delivery.data)
+                let now = Millis::now().0;
+                let batch = ack_batch(&mut deliveries, delivery?, n - arrivals.len()).await?;
+                for data in batch {
+                    let message = wire::decode("payment", Some("application/json"), &data)
                         .map_err(|p| anyhow::anyhow!("a delay-path message does not decode: {p:?}"))?;
                     let i = (message.order_id.get() - first_id) as usize;
                     let (due, burst) = *arrivals_of
                         .get(i)
                         .context("a delay-path message with an unknown id")?;
                     arrivals.push((now, due, burst));
-                    if arrivals.len() >= n {
-                        break;
-                    }
-                    match deliveries.next().now_or_never() {
-                        Some(Some(d)) => delivery = d?,
-                        _ => break,
-                    }
                 }
-                delivery
-                    .acker
-                    .ack(BasicAckOptions { multiple: true })
-                    .await?;
             }
             Ok::<_, anyhow::Error>(arrivals)
         });
