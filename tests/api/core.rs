@@ -35,10 +35,7 @@ async fn unpaid_is_cancelled_paid_stays(backend: Backend, mode: DelayMode) {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "paid");
 
-    let cancelled = app
-        .wait_status(&unpaid, "cancelled", Duration::from_secs(8))
-        .await;
-    assert_on_time(&cancelled, "cancelled_at", "pay_deadline");
+    app.cancelled_on_time(&unpaid, Duration::from_secs(8)).await;
     assert_eq!(
         app.stock("A").await,
         json!({"sku": "A", "available": 7, "reserved": 0, "sold": 3})
@@ -156,10 +153,7 @@ async fn early_message_never_cancels_early(backend: Backend, mode: DelayMode) {
     })
     .await;
     assert_eq!(app.get_order(&id).await["status"], "pending_payment");
-    let order = app
-        .wait_status(&id, "cancelled", Duration::from_secs(10))
-        .await;
-    assert_on_time(&order, "cancelled_at", "pay_deadline");
+    app.cancelled_on_time(&id, Duration::from_secs(10)).await;
     assert_eq!(app.stock("A").await["available"], 3);
 }
 
@@ -168,15 +162,9 @@ async fn reverse_order_delays(backend: Backend, mode: DelayMode) {
     app.put_stock("A", 10).await;
     let long = app.order(&[("A", 1)], "60s").await;
     let short = app.order(&[("A", 1)], "1s").await;
-    let order = app
-        .wait_status(&short, "cancelled", Duration::from_secs(5))
-        .await;
-    assert_on_time(&order, "cancelled_at", "pay_deadline");
+    app.cancelled_on_time(&short, Duration::from_secs(5)).await;
     assert_eq!(app.get_order(&long).await["status"], "pending_payment");
-    let order = app
-        .wait_status(&long, "cancelled", Duration::from_secs(70))
-        .await;
-    assert_on_time(&order, "cancelled_at", "pay_deadline");
+    app.cancelled_on_time(&long, Duration::from_secs(70)).await;
     assert_eq!(app.stock("A").await["available"], 10);
 }
 

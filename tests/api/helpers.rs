@@ -508,6 +508,14 @@ impl TestApp {
             .sum()
     }
 
+    /// Waits until the order is cancelled and checks it was cancelled on time
+    /// (not before its deadline, not later than the on-time bound); returns it.
+    pub async fn cancelled_on_time(&self, id: &str, within: Duration) -> Value {
+        let order = self.wait_status(id, "cancelled", within).await;
+        assert_on_time(&order, "cancelled_at", "pay_deadline");
+        order
+    }
+
     /// Waits until the order has this status; returns the order.
     pub async fn wait_status(&self, id: &str, status: &str, within: Duration) -> Value {
         wait_until(within, &format!("order {id} becomes {status}"), || async {

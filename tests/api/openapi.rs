@@ -19,15 +19,7 @@ fn response_schema<'a>(doc: &'a Value, op: &Value, status: u16) -> Option<&'a Va
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_document_matches_what_the_api_does() {
     let app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
-    let doc: Value = app
-        .http
-        .get(format!("{}/openapi.json", app.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = app.get_json("/openapi.json").await;
     assert_eq!(
         doc,
         serde_json::to_value(order_timeout::http::openapi()).unwrap()

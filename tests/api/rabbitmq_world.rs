@@ -154,10 +154,7 @@ async fn imported_definitions_run_a_timeout(backend: Backend, mode: DelayMode) {
     app.put_stock("A", 3).await;
     let id = app.order(&[("A", 2)], "2s").await;
     assert_eq!(app.stock("A").await["reserved"], 2);
-    let order = app
-        .wait_status(&id, "cancelled", Duration::from_secs(8))
-        .await;
-    assert_on_time(&order, "cancelled_at", "pay_deadline");
+    app.cancelled_on_time(&id, Duration::from_secs(8)).await;
     let stock = app.stock("A").await;
     assert_eq!(
         (stock["available"].clone(), stock["reserved"].clone()),
