@@ -235,14 +235,6 @@ async fn demo_finishes_in_under_a_minute_and_leaves_nothing() {
     );
     // Piped: plain lines, no escape codes.
     assert!(!stdout.contains('\x1b'), "{stdout}");
-    let queues: Vec<serde_json::Value> = management()
-        .get(format!("{MANAGEMENT}/queues/{}", vhost.name()))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(queues.is_empty(), "the demo left queues behind: {queues:?}");
+    let queues = api_get(&format!("/queues/{}", vhost.name())).await;
+    assert_eq!(queues, serde_json::json!([]), "the demo left queues behind");
 }
