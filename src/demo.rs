@@ -233,12 +233,7 @@ async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
             if status[id] != "pending_payment" {
                 continue;
             }
-            let order: Value = http
-                .get(format!("{base}/orders/{id}?include=audit"))
-                .send()
-                .await?
-                .json()
-                .await?;
+            let order = get_json(&http, &format!("{base}/orders/{id}?include=audit")).await?;
             if order["status"] == "cancelled" {
                 let lateness = late_ms(&order);
                 let by = order["audit"]
@@ -286,12 +281,7 @@ async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
         cancelled.len()
     ));
     for (sku, stocked) in STOCK {
-        let s: Value = http
-            .get(format!("{base}/inventory/{sku}"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let s = get_json(&http, &format!("{base}/inventory/{sku}")).await?;
         let (a, r, so) = (
             s["available"].as_i64().unwrap_or(-1),
             s["reserved"].as_i64().unwrap_or(-1),
@@ -317,16 +307,16 @@ fn late_ms(order: &Value) -> i64 {
     at("cancelled_at") - at("pay_deadline")
 }
 
+/// GET on the service's API, as JSON.
+async fn get_json(http: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
+    Ok(http.get(url).send().await?.json().await?)
+}
+
 async fn back_on_sale(http: &reqwest::Client, base: &str, order: &Value) -> anyhow::Result<String> {
     let mut parts = Vec::new();
     for item in order["items"].as_array().cloned().unwrap_or_default() {
         let sku = item["sku"].as_str().unwrap_or_default();
-        let s: Value = http
-            .get(format!("{base}/inventory/{sku}"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let s = get_json(http, &format!("{base}/inventory/{sku}")).await?;
         parts.push(format!(
             "{}×{sku} ({} available)",
             item["quantity"], s["available"]
