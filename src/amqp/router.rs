@@ -11,14 +11,14 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use lapin::message::Delivery;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 
 use super::topology::{LEVELS, Mode, ttl_routing_key};
 use super::wire::{self, Park};
-use super::{Error, channels, park_delivery};
+use super::{Error, channels, park_delivery, publish_confirmed};
 use crate::app::Context;
 use crate::domain::TimeoutKind;
 
@@ -130,20 +130,15 @@ async fn route_one(
 ) -> Result<(), Error> {
     match classify(&ctx, mode, &delivery) {
         Ok(route) => {
-            let confirm = publish
-                .basic_publish(
-                    route.exchange.as_str().into(),
-                    route.routing_key.as_str().into(),
-                    BasicPublishOptions::default(),
-                    &delivery.data,
-                    // Unchanged properties: message_id, timestamp and headers travel on.
-                    delivery.properties.clone(),
-                )
-                .await?
-                .await?;
-            if confirm.is_nack() {
-                return Err(Error::Nacked(route.exchange));
-            }
+            publish_confirmed(
+                &publish,
+                &route.exchange,
+                &route.routing_key,
+                &delivery.data,
+                // Unchanged properties: message_id, timestamp and headers travel on.
+                delivery.properties.clone(),
+            )
+            .await?;
             delivery.acker.ack(Default::default()).await?;
             tracing::trace!(kind = route.kind.as_str(), routing_key = %route.routing_key, "routed");
             Ok(())

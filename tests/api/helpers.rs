@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use order_timeout::amqp::topology::Names;
@@ -548,19 +548,9 @@ impl TestApp {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
-        let confirm = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions::default(),
-                body,
-                props,
-            )
+        order_timeout::amqp::publish_confirmed(&channel, exchange, routing_key, body, props)
             .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert!(confirm.is_ack());
+            .expect("published and confirmed (acked)");
         conn.close(200, "done".into()).await.ok();
     }
 
@@ -805,20 +795,15 @@ impl Publisher {
     pub async fn timeout(&self, order_id: &str, kind: &str, delay_ms: i64) {
         let body = json!({ "order_id": order_id, "kind": kind }).to_string();
         let props = contract_properties(delay(delay_ms));
-        let confirm = self
-            .channel
-            .basic_publish(
-                self.exchange.as_str().into(),
-                kind.into(),
-                BasicPublishOptions::default(),
-                body.as_bytes(),
-                props,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert!(confirm.is_ack());
+        order_timeout::amqp::publish_confirmed(
+            &self.channel,
+            &self.exchange,
+            kind,
+            body.as_bytes(),
+            props,
+        )
+        .await
+        .expect("published and confirmed (acked)");
     }
 }
 
