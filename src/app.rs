@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, OnceCell};
 use tokio_util::sync::CancellationToken;
 
+use crate::amqp::management::{self, Management};
 use crate::amqp::topology::{Mode, Names};
 use crate::amqp::{self, consumer, relay, router};
 use crate::metrics::Events;
@@ -225,6 +226,13 @@ impl Application {
             tasks.spawn(sweeper::run(ctx.clone(), shutdown.clone()));
         }
         tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
+        if let Some(api) = ctx.settings.amqp.management.clone() {
+            tasks.spawn(management::monitor(
+                ctx.clone(),
+                Management::new(api),
+                shutdown.clone(),
+            ));
+        }
 
         shutdown.cancelled().await;
         tracing::info!("shutting down: finishing in-flight work");

@@ -2,6 +2,7 @@
 //! arguments, loads the settings (a wrong value stops here, naming its key) and
 //! calls the library.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -90,11 +91,13 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if matches!(cli.command, Command::Demo) {
+    let demo = matches!(cli.command, Command::Demo);
+    if demo {
         // The demo speaks for itself; only trouble goes to the log.
         settings.log.level = "warn,lapin=off".into();
     }
-    telemetry::init(&settings.log);
+    let progress_line = demo && std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    telemetry::init(&settings.log, progress_line);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

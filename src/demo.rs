@@ -203,6 +203,8 @@ async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
         .map(|(id, _, _)| (id.clone(), "pending_payment".into()))
         .collect();
     let mut paid_sent: Vec<String> = Vec::new();
+    // How each cancelled order was cancelled: (cause in the audit trail, ms late).
+    let mut cancels: Vec<(String, i64)> = Vec::new();
     loop {
         anyhow::ensure!(
             placed.elapsed() < Duration::from_secs(40),
@@ -249,6 +251,7 @@ async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
                     style.paint("31", "cancelled"),
                 ));
                 status.insert(id.clone(), "cancelled".into());
+                cancels.push((by, lateness));
             } else {
                 let deadline =
                     Millis::parse_rfc3339(order["pay_deadline"].as_str().unwrap_or_default())
@@ -269,17 +272,34 @@ async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
     }
 
     style.line(&style.paint("1", "summary"));
-    let cancelled: Vec<&String> = status
-        .iter()
-        .filter(|(_, s)| *s == "cancelled")
-        .map(|(id, _)| id)
-        .collect();
     style.line(&format!(
-        "  {} orders: {} paid, {} cancelled at their deadline",
+        "  {} orders: {} paid, {} cancelled",
         orders.len(),
         paid_sent.len(),
-        cancelled.len()
+        cancels.len()
     ));
+    let by_timer: Vec<i64> = cancels
+        .iter()
+        .filter(|(by, _)| by == "timeout")
+        .map(|(_, late)| *late)
+        .collect();
+    if let Some(worst) = by_timer.iter().max() {
+        style.line(&format!(
+            "  {} cancelled by their timer from the broker, at most {worst} ms after the deadline",
+            by_timer.len()
+        ));
+    }
+    let missed: Vec<&(String, i64)> = cancels.iter().filter(|(by, _)| by != "timeout").collect();
+    if let Some(worst) = missed.iter().map(|(_, late)| *late).max() {
+        style.line(&style.paint(
+            "31",
+            &format!(
+                "  {} cancelled by the {} instead, up to {worst} ms late: their timers did not arrive (see the log)",
+                missed.len(),
+                missed[0].0
+            ),
+        ));
+    }
     for (sku, stocked) in STOCK {
         let s = get_json(&http, &format!("{base}/inventory/{sku}")).await?;
         let (a, r, so) = (
@@ -295,6 +315,11 @@ async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
             "  {sku:<7} available {a:>2}  reserved {r}  sold {so:>2}  (stocked {stocked})"
         ));
     }
+    anyhow::ensure!(
+        missed.is_empty(),
+        "{} order(s) were not cancelled by their timer",
+        missed.len()
+    );
     Ok(())
 }
 

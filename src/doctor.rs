@@ -8,6 +8,7 @@ use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ExchangeKind};
 
+use crate::amqp::management::Management;
 use crate::amqp::topology::{self, Mode, Names, probe_plugin};
 use crate::amqp::{self};
 use crate::db;
@@ -27,6 +28,11 @@ impl Report {
     }
     fn note(&self, what: &str, detail: impl std::fmt::Display) {
         println!("  note  {what}: {detail}");
+    }
+    /// Something that works now and will lose timers if an operator does the
+    /// wrong thing next: said loudly, not counted as a problem.
+    fn warn(&self, what: &str, detail: impl std::fmt::Display) {
+        println!("  WARN  {what}: {detail}");
     }
 }
 
@@ -133,6 +139,7 @@ pub async fn run(settings: &Settings) -> ExitCode {
             if let Some((mode, why)) = effective {
                 report.ok("delay mode", format!("{} — {why}", mode.as_str()));
                 check_topology(&mut report, settings, &names, mode).await;
+                check_stages(&mut report, settings, &names, mode).await;
             }
         }
     }
@@ -205,6 +212,21 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
             ),
         );
     }
+    if differing
+        .iter()
+        .any(|d| d.starts_with(&format!("exchange {} ", names.entry())))
+    {
+        report.note(
+            "entry exchange",
+            format!(
+                "{entry} must be a fanout in both modes (the router validates every message before it waits). \
+                 An older version made it x-delayed-message in plugin mode: delete {entry} (timers waiting in it \
+                 are lost; the sweeper catches their orders at deadline + sweeper.grace) and start the service, \
+                 which declares it again",
+                entry = names.entry()
+            ),
+        );
+    }
     if !differing.is_empty() {
         report.fail(
             "topology",
@@ -217,6 +239,113 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
     }
     if !backlog.is_empty() {
         report.note("messages waiting", backlog.join(", "));
+    }
+}
+
+/// Which delay stages exist in the vhost and how many timers each holds, and
+/// what that means for switching modes or removing the plugin.
+async fn check_stages(report: &mut Report, settings: &Settings, names: &Names, mode: Mode) {
+    let conn = match amqp::connect(&settings.amqp, "doctor-stages").await {
+        Ok(c) => c,
+        Err(e) => return report.fail("delay stages", e),
+    };
+    // TTL stage: exact counts over AMQP.
+    let mut ttl = None;
+    for l in 0..topology::LEVELS {
+        let mut count = None;
+        if exists(&conn, &names.level(l), Some(&mut count)).await {
+            *ttl.get_or_insert(0u64) += u64::from(count.unwrap_or(0));
+        }
+    }
+    let plugin_exists = exists(&conn, &names.delay(), None).await;
+    let _ = conn.close(200, "doctor".into()).await;
+
+    // Plugin stage: the plugin keeps its timers in no queue; only the
+    // management API reports how many.
+    let plugin = match (&settings.amqp.management, plugin_exists) {
+        (_, false) => None,
+        (None, true) => {
+            report.note(
+                "plugin stage",
+                format!(
+                    "{} exists; its timers cannot be counted with amqp.management_url = off",
+                    names.delay()
+                ),
+            );
+            Some(None)
+        }
+        (Some(api), true) => match Management::new(api.clone()).delayed(&names.delay()).await {
+            Ok(n) => Some(n),
+            Err(e) => {
+                report.note("plugin stage", format!("{} exists; {e}", names.delay()));
+                Some(None)
+            }
+        },
+    };
+    let count = |n: Option<u64>| n.map_or("an unknown number of".to_string(), |n| n.to_string());
+    match ttl {
+        Some(n) => report.ok(
+            "ttl stage",
+            format!(
+                "{} level queues, {n} timers waiting{}",
+                topology::LEVELS,
+                in_use(mode, Mode::Ttl)
+            ),
+        ),
+        None => report.ok("ttl stage", "not declared in this vhost"),
+    }
+    match plugin {
+        Some(n) => report.ok(
+            "plugin stage",
+            format!(
+                "{}, {} timers waiting{}",
+                names.delay(),
+                count(n),
+                in_use(mode, Mode::Plugin)
+            ),
+        ),
+        None => report.ok("plugin stage", "not declared in this vhost"),
+    }
+    let sweeper = if settings.sweeper.enabled {
+        format!(
+            "the sweeper catches their orders at deadline + sweeper.grace ({})",
+            humantime::format_duration(settings.sweeper.grace)
+        )
+    } else {
+        "and the sweeper is off (sweeper.enabled = false): nothing would catch their orders"
+            .to_string()
+    };
+    if let Some(n) = plugin.filter(|n| n != &Some(0)) {
+        report.warn(
+            "plugin stage",
+            format!(
+                "{} timers wait in the plugin's node-local table: disabling the plugin, deleting {} \
+                 or losing this node loses them; {sweeper}",
+                count(n),
+                names.delay()
+            ),
+        );
+    }
+    if mode == Mode::Plugin && ttl.is_some_and(|n| n > 0) {
+        report.note(
+            "ttl stage",
+            "timers from a run in ttl mode still drain from the levels into due; keep the levels until they are empty",
+        );
+    }
+    if mode == Mode::Ttl && plugin.is_some_and(|n| n != Some(0)) {
+        report.note(
+            "plugin stage",
+            "timers from a run in plugin mode still drain into due; keep the plugin enabled until they are gone",
+        );
+    }
+}
+
+/// ` (in use)` for the stage of the mode in effect.
+fn in_use(mode: Mode, stage: Mode) -> &'static str {
+    if mode == stage {
+        " (in use)"
+    } else {
+        " (not in use; drains into due)"
     }
 }
 

@@ -3,6 +3,7 @@
 //! `/metrics` renders the registry in the Prometheus text format.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -55,6 +56,9 @@ pub struct Events {
     broker_disconnects: Family<Labels1, Counter>,
     held: Gauge,
     redelayed: Family<Labels1, Counter>,
+    waiting_timers: Family<Labels1, Gauge>,
+    /// Whether the last read of the delay stages failed (logged on change only).
+    stages_unreadable: AtomicBool,
 }
 
 fn new_lateness_histogram() -> Histogram {
@@ -181,6 +185,12 @@ impl Events {
             "Early messages sent back to wait, by kind",
             redelayed.clone(),
         );
+        let waiting_timers = Family::<Labels1, Gauge>::default();
+        registry.register(
+            "waiting_timers",
+            "Timers waiting in each delay stage that exists in the vhost (ttl: the level queues; plugin: the delayed-message exchange), read from the broker's management API every 5 s; absent while it cannot be read",
+            waiting_timers.clone(),
+        );
         Arc::new(Self {
             registry,
             timeouts,
@@ -202,6 +212,8 @@ impl Events {
             broker_disconnects,
             held,
             redelayed,
+            waiting_timers,
+            stages_unreadable: AtomicBool::new(false),
         })
     }
 
@@ -362,6 +374,37 @@ impl Events {
             backoff_ms = backoff.as_millis() as u64,
             "database unavailable; pausing"
         );
+    }
+
+    /// The delay stages were read: timers in each (`None`: no such stage).
+    pub fn stages_read(&self, ttl: Option<u64>, plugin: Option<u64>) {
+        for (stage, timers) in [("ttl", ttl), ("plugin", plugin)] {
+            match timers {
+                Some(n) => {
+                    self.waiting_timers
+                        .get_or_create(&[("stage", stage)])
+                        .set(i64::try_from(n).unwrap_or(i64::MAX));
+                }
+                None => {
+                    self.waiting_timers.remove(&[("stage", stage)]);
+                }
+            }
+        }
+        if self.stages_unreadable.swap(false, Ordering::Relaxed) {
+            tracing::info!(?ttl, ?plugin, "delay stages readable again");
+        }
+    }
+
+    /// The delay stages could not be read from the management API at `base`.
+    pub fn stages_unreadable(&self, base: &str, error: &str) {
+        self.waiting_timers.clear();
+        if !self.stages_unreadable.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                management_api = base,
+                error,
+                "cannot read the timers waiting in the delay stages (amqp.management_url); the waiting_timers gauge is withdrawn until it can"
+            );
+        }
     }
 
     /// A broker connection is up.

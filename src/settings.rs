@@ -41,6 +41,9 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("amqp.queue_type", "classic"),
     ("amqp.instance", ""),
     ("amqp.tls_ca_file", ""),
+    // Empty: the management API on the broker's host (http, port 15672) with
+    // the credentials of amqp.url; `off`: not used.
+    ("amqp.management_url", ""),
     ("http.bind", "127.0.0.1:8080"),
     ("windows.payment", "30m"),
     ("windows.fulfillment", "7d"),
@@ -186,6 +189,22 @@ pub struct AmqpSettings {
     pub tls_ca_pem: Option<String>,
     /// The file they came from, for `doctor`.
     pub tls_ca_file: Option<PathBuf>,
+    /// The broker's management HTTP API (`amqp.management_url`), for what AMQP
+    /// cannot tell: how many timers wait in the plugin's exchange. `None`: off.
+    pub management: Option<ManagementApi>,
+}
+
+/// Where the broker's management HTTP API answers, and as whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagementApi {
+    /// `http://host:port` and any path prefix, without credentials or `/api`.
+    pub base: String,
+    /// The user name.
+    pub username: String,
+    /// The password.
+    pub password: Secret,
+    /// The vhost of `amqp.url`, whose exchanges it reads.
+    pub vhost: String,
 }
 
 /// `http.*`
@@ -424,6 +443,11 @@ impl Settings {
                 tls_ca_file: Some(get("amqp.tls_ca_file"))
                     .filter(|p| !p.is_empty())
                     .map(PathBuf::from),
+                management: parse_management(
+                    "amqp.management_url",
+                    get("amqp.management_url"),
+                    get("amqp.url"),
+                )?,
             },
             http: HttpSettings {
                 bind: get("http.bind").parse().map_err(|_| {
@@ -545,6 +569,13 @@ impl Settings {
                     .as_ref()
                     .map(|p| p.display().to_string())
                     .unwrap_or_default(),
+            ),
+            (
+                "amqp.management_url",
+                match &d.amqp.management {
+                    Some(m) => format!("{} (as {}, vhost {})", m.base, m.username, m.vhost),
+                    None => "off".to_string(),
+                },
             ),
             ("http.bind", d.http.bind.to_string()),
             (
@@ -764,6 +795,75 @@ fn parse_amqp_url(key: &str, value: &str) -> Result<String, SettingsError> {
         ));
     }
     Ok(value.to_string())
+}
+
+/// `amqp.management_url`: `off`; empty for the broker's host over http on
+/// 15672; or an `http://` URL. Credentials not in the URL are those of
+/// `amqp.url`, and so is the vhost. (No https: the service's HTTP client is
+/// built without TLS; with an `amqps://` broker and no URL it is off.)
+fn parse_management(
+    key: &str,
+    value: &str,
+    amqp_url: &str,
+) -> Result<Option<ManagementApi>, SettingsError> {
+    if value == "off" {
+        return Ok(None);
+    }
+    // amqp.url was validated first; its parts fill what this URL leaves out.
+    let amqp: lapin::uri::AMQPUri = amqp_url
+        .parse()
+        .map_err(|e| invalid("amqp.url", format!("'{}' ({e})", redact_url(amqp_url))))?;
+    let from_amqp = |base: String| ManagementApi {
+        base,
+        username: amqp.authority.userinfo.username.clone(),
+        password: Secret::new(amqp.authority.userinfo.password.clone()),
+        vhost: amqp.vhost.clone(),
+    };
+    if value.is_empty() {
+        if amqp_url.starts_with("amqps:") {
+            return Ok(None);
+        }
+        let host = &amqp.authority.host;
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        return Ok(Some(from_amqp(format!("http://{host}:15672"))));
+    }
+    let url = url::Url::parse(value)
+        .map_err(|e| invalid(key, format!("'{}' is not a URL ({e})", redact_url(value))))?;
+    match url.scheme() {
+        "http" => {}
+        "https" => {
+            return Err(invalid(
+                key,
+                "https is not supported (the service's HTTP client has no TLS): give an http:// listener or 'off'",
+            ));
+        }
+        other => {
+            return Err(invalid(
+                key,
+                format!("scheme '{other}' (expected http://, empty for the default, or off)"),
+            ));
+        }
+    }
+    let host = url
+        .host_str()
+        .ok_or_else(|| invalid(key, format!("'{}' has no host", redact_url(value))))?;
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let path = url.path().trim_end_matches('/').trim_end_matches("/api");
+    let mut api = from_amqp(format!("http://{host}{port}{path}"));
+    if !url.username().is_empty() {
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        api.username = decode(url.username());
+        api.password = Secret::new(decode(url.password().unwrap_or_default()));
+    }
+    Ok(Some(api))
 }
 
 fn parse_prefix(key: &str, value: &str) -> Result<String, SettingsError> {

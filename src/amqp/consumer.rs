@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
 
-use super::topology::Mode;
+use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
 use crate::app::Context;
@@ -96,12 +96,12 @@ pub fn decide(
 pub async fn run(
     ctx: Arc<Context>,
     conn: Arc<Connection>,
-    _mode: Mode,
+    mode: Mode,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let mut tasks = tokio::task::JoinSet::new();
     for kind in TimeoutKind::ALL {
-        let consumer = KindConsumer::open(ctx.clone(), &conn, kind).await?;
+        let consumer = KindConsumer::open(ctx.clone(), &conn, kind, mode).await?;
         tasks.spawn(consumer.run(shutdown.clone()));
     }
     // The first failure (a broken connection) ends them all; the supervisor reconnects.
@@ -135,6 +135,8 @@ struct KindConsumer {
     ctx: Arc<Context>,
     /// Which timeout this consumer handles.
     kind: TimeoutKind,
+    /// The delay stage that re-delayed messages go back to.
+    mode: Mode,
     /// Channel the deliveries come on.
     channel: Channel,
     /// Confirm-mode channel for parking and re-delaying.
@@ -148,7 +150,12 @@ struct KindConsumer {
 }
 
 impl KindConsumer {
-    async fn open(ctx: Arc<Context>, conn: &Connection, kind: TimeoutKind) -> Result<Self, Error> {
+    async fn open(
+        ctx: Arc<Context>,
+        conn: &Connection,
+        kind: TimeoutKind,
+        mode: Mode,
+    ) -> Result<Self, Error> {
         // Prefetch caps the unacked deliveries we hold, including those held in
         // memory; it must cover a batch plus the held ones at the target rate.
         let (channel, publish) = channels(conn, ctx.settings.amqp.prefetch).await?;
@@ -156,6 +163,7 @@ impl KindConsumer {
         Ok(Self {
             ctx,
             kind,
+            mode,
             channel,
             publish,
             tag,
@@ -407,8 +415,9 @@ impl KindConsumer {
         Ok(())
     }
 
-    /// Publishes the message again through the entry exchange with the remaining
-    /// delay, so it waits in the broker, not in our memory.
+    /// Publishes the message again, straight into the delay stage (it is valid:
+    /// it was decoded), with the remaining delay, so it waits in the broker, not
+    /// in our memory.
     async fn redelay(
         &self,
         delivery: &Delivery,
@@ -433,10 +442,11 @@ impl KindConsumer {
             delay_ms,
             &[(wire::X_REDELAYS, AMQPValue::LongLongInt(count))],
         );
+        let (exchange, routing_key) = delay_route(&self.ctx.names, self.mode, self.kind, delay_ms);
         publish_confirmed(
             &self.publish,
-            self.ctx.names.entry(),
-            self.kind.as_str(),
+            &exchange,
+            &routing_key,
             &wire::encode(message),
             properties,
         )

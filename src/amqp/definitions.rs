@@ -159,13 +159,30 @@ mod tests {
     }
 
     #[test]
-    fn plugin_definitions_have_the_delayed_entry_and_no_levels() {
+    fn plugin_definitions_have_the_fanout_entry_and_the_delay_stage() {
         let d = definitions(&Names::new("p"), Mode::Plugin);
-        assert_eq!(d["exchanges"][0]["type"], "x-delayed-message");
+        // The entry is the same fanout as in ttl mode: the router validates first.
         assert_eq!(
-            d["exchanges"][0]["arguments"],
-            json!({"x-delayed-type": "fanout"})
+            d["exchanges"][0],
+            definitions(&Names::new("p"), Mode::Ttl)["exchanges"][0]
         );
+        let delay = d["exchanges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == "p.delay")
+            .unwrap();
+        assert_eq!(delay["type"], "x-delayed-message");
+        assert_eq!(delay["arguments"], json!({"x-delayed-type": "direct"}));
+        for kind in TimeoutKind::ALL {
+            assert!(
+                d["bindings"].as_array().unwrap().contains(&json!({
+                    "source": "p.delay", "destination": "p.due", "destination_type": "exchange",
+                    "routing_key": kind.as_str(), "arguments": {},
+                })),
+                "{kind:?}"
+            );
+        }
         assert!(!d.to_string().contains("p.level."));
         assert!(!d.to_string().contains("p.out."));
     }

@@ -4,6 +4,7 @@
 
 pub mod consumer;
 pub mod definitions;
+pub mod management;
 pub mod relay;
 pub mod router;
 pub mod topology;
@@ -13,6 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lapin::Confirmation;
 use lapin::message::Delivery;
 use lapin::options::{BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -34,6 +36,13 @@ pub enum Error {
     /// The broker refused to take responsibility for a message.
     #[error("the broker nacked a publish to '{0}'")]
     Nacked(String),
+    /// The broker returned a message as unroutable (only a `mandatory` publish
+    /// can be returned, and [`publish_options`] never sets it).
+    #[error("the broker returned a publish to '{0}' as unroutable")]
+    Returned(String),
+    /// A publish on a channel without confirms: nobody knows whether it is safe.
+    #[error("a publish to '{0}' was made on a channel without publisher confirms")]
+    Unconfirmed(String),
     /// The connection's event stream ended: the connection is gone.
     #[error("the broker connection ended")]
     ConnectionEnded,
@@ -214,7 +223,22 @@ pub async fn channels(
     Ok((consume, publish))
 }
 
-/// Publishes and waits for the broker's confirm; a nack is an error.
+/// The options of every publish the service makes. Never `mandatory`: the
+/// delayed-message plugin routes a message to nowhere when it is published (it
+/// routes when the delay ends), so it returns every delayed message as
+/// unroutable while still scheduling it (seen on 3.10 and 4.0: a return taken
+/// for a failure and published again doubles the timer); and every other
+/// exchange of ours always has a route. Never
+/// `immediate`: RabbitMQ refuses it.
+pub fn publish_options() -> BasicPublishOptions {
+    BasicPublishOptions {
+        mandatory: false,
+        immediate: false,
+    }
+}
+
+/// Publishes and waits for the broker's confirm; a nack, or a message the
+/// broker returned, is an error.
 pub async fn publish_confirmed(
     channel: &Channel,
     exchange: &str,
@@ -222,22 +246,29 @@ pub async fn publish_confirmed(
     body: &[u8],
     properties: BasicProperties,
 ) -> Result<(), Error> {
-    // No `mandatory`: the delayed-message plugin would return every delayed
-    // message as unroutable, and our own exchanges always have a route.
     let confirm = channel
         .basic_publish(
             exchange.into(),
             routing_key.into(),
-            BasicPublishOptions::default(),
+            publish_options(),
             body,
             properties,
         )
         .await?
         .await?;
-    if confirm.is_nack() {
-        return Err(Error::Nacked(exchange.to_string()));
+    confirmed(confirm, exchange)
+}
+
+/// What a publisher confirm means: the message is safe with the broker only on
+/// a plain ack; anything else is an error naming the exchange.
+pub fn confirmed(confirm: Confirmation, exchange: &str) -> Result<(), Error> {
+    match confirm {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(_)) => Err(Error::Returned(exchange.to_string())),
+        Confirmation::Nack(_) => Err(Error::Nacked(exchange.to_string())),
+        // Every publishing channel of ours is in confirm mode: this is a bug.
+        Confirmation::NotRequested => Err(Error::Unconfirmed(exchange.to_string())),
     }
-    Ok(())
 }
 
 /// Copies a delivery to the parked queue with the reason (confirmed), then acks
@@ -271,4 +302,32 @@ pub async fn park_delivery(
     ctx.events
         .parked(park, by, delivery.routing_key.as_str(), kind);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plugin returns every `mandatory` publish to a delayed exchange as
+    /// unroutable (checked on the real plugin by the integration tests), so
+    /// no publish of ours may set it.
+    #[test]
+    fn no_publish_is_mandatory() {
+        let options = publish_options();
+        assert!(!options.mandatory);
+        assert!(!options.immediate);
+    }
+
+    #[test]
+    fn only_a_plain_ack_is_safe() {
+        assert!(confirmed(Confirmation::Ack(None), "x").is_ok());
+        assert!(matches!(
+            confirmed(Confirmation::Nack(None), "x"),
+            Err(Error::Nacked(x)) if x == "x"
+        ));
+        assert!(matches!(
+            confirmed(Confirmation::NotRequested, "x"),
+            Err(Error::Unconfirmed(_))
+        ));
+    }
 }

@@ -1,6 +1,8 @@
 //! The outbox relay: publishes the timeouts that transactions wrote to the
 //! outbox, with publisher confirms, and deletes a row only when the broker has
-//! confirmed its message. A checkout never publishes inside its transaction;
+//! confirmed its message. Its timeouts are valid by construction, so they go
+//! straight into the delay stage of the mode in effect (the right TTL level, or
+//! the plugin's exchange): no ingest hop, no router hop. A checkout never publishes inside its transaction;
 //! with the broker down, rows wait here and go out when it is back.
 //!
 //! A round publishes up to `relay.batch_size` rows without waiting between
@@ -12,12 +14,12 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::Connection;
 use lapin::Event;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::ConfirmSelectOptions;
 use tokio_util::sync::CancellationToken;
 
-use super::topology::Mode;
+use super::topology::{Mode, delay_route};
 use super::wire::{self, TimeoutMessage};
-use super::{Backoff, Error, pause};
+use super::{Backoff, Error, confirmed as amqp_confirmed, pause, publish_options};
 use crate::app::Context;
 use crate::db::entities::outbox;
 use crate::db::store;
@@ -46,7 +48,7 @@ pub async fn monitor(ctx: Arc<Context>, shutdown: CancellationToken) {
 pub async fn run(
     ctx: Arc<Context>,
     conn: Arc<Connection>,
-    _mode: Mode,
+    mode: Mode,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let channel = conn.create_channel().await?;
@@ -108,28 +110,28 @@ pub async fn run(
             // The contract wants 0 < x-delay: a deadline already passed goes out at 1 ms.
             let delay_ms = (row.due_at_ms - now.0).clamp(1, wire::MAX_DELAY_MS as i64) as u64;
             let properties = wire::properties(&message_id(row), now, delay_ms, &[]);
+            let (exchange, routing_key) = delay_route(&ctx.names, mode, kind, delay_ms);
             let confirm = channel
                 .basic_publish(
-                    ctx.names.entry().into(),
-                    kind.as_str().into(),
-                    BasicPublishOptions::default(),
+                    exchange.as_str().into(),
+                    routing_key.as_str().into(),
+                    publish_options(),
                     &wire::encode(&message),
                     properties,
                 )
                 .await?;
-            pending.push((row.id, Some(confirm)));
+            pending.push((row.id, Some((exchange, confirm))));
         }
         let mut confirmed = Vec::with_capacity(pending.len());
         let mut refused = Vec::new();
         for (id, confirm) in pending {
             match confirm {
                 None => confirmed.push(id),
-                Some(confirm) => {
+                Some((exchange, confirm)) => {
                     // A broken connection fails here; the rows stay for the next connection.
-                    if confirm.await?.is_ack() {
-                        confirmed.push(id);
-                    } else {
-                        refused.push(id);
+                    match amqp_confirmed(confirm.await?, &exchange) {
+                        Ok(()) => confirmed.push(id),
+                        Err(e) => refused.push((id, e)),
                     }
                 }
             }
@@ -146,9 +148,10 @@ pub async fn run(
             }
         }
         ctx.events.outbox_published(published);
-        if !refused.is_empty() {
+        if let Some((_, first)) = refused.first() {
             ctx.events
-                .outbox_failed(refused.len() as u64, "broker nack");
+                .outbox_failed(refused.len() as u64, &first.to_string());
+            let refused: Vec<i64> = refused.iter().map(|(id, _)| *id).collect();
             let _ = store::outbox_failed(&ctx.db, &refused).await;
             if !pause(&shutdown, Duration::from_secs(1)).await {
                 return Ok(());

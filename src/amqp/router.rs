@@ -1,7 +1,9 @@
 //! The router consumes `<prefix>.ingest`, checks each message against the wire
-//! contract, and sends it on: in TTL mode into the level of the highest set bit
-//! of its delay, in plugin mode (where the message has already waited) to the
-//! due exchange. A message that breaks the contract is parked with its reason.
+//! contract *before* it waits, and sends it into the delay stage of the mode in
+//! effect: in TTL mode the level of the highest set bit of its delay, in plugin
+//! mode the `x-delayed-message` exchange. A message that breaks the contract is
+//! parked with its reason when it is published, not when it would have come
+//! due, and the plugin never sees an `x-delay` it would deliver at once.
 //!
 //! Routing is pipelined: each delivery is published at once and acked when the
 //! broker confirms the copy, so many are in flight while confirms come back.
@@ -16,7 +18,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 
-use super::topology::{LEVELS, Mode, ttl_routing_key};
+use super::topology::{Mode, delay_route};
 use super::wire::{self, Park};
 use super::{Error, channels, park_delivery, publish_confirmed};
 use crate::app::Context;
@@ -48,26 +50,13 @@ pub fn classify(
     let message = wire::decode(delivery.routing_key.as_str(), content_type, &delivery.data)
         .map_err(|p| (p, None))?;
     let kind = message.kind;
-    match mode {
-        Mode::Ttl => {
-            let delay_ms = wire::publish_delay(headers).map_err(|p| (p, Some(kind)))?;
-            // Whole seconds in the levels (rounded down, so never late); the
-            // consumer holds the sub-second rest against the database deadline.
-            Ok(Route {
-                exchange: ctx.names.out(LEVELS),
-                routing_key: ttl_routing_key(delay_ms / 1000, kind),
-                kind,
-            })
-        }
-        Mode::Plugin => {
-            wire::delivered_delay(headers).map_err(|p| (p, Some(kind)))?;
-            Ok(Route {
-                exchange: ctx.names.due(),
-                routing_key: kind.as_str().to_string(),
-                kind,
-            })
-        }
-    }
+    let delay_ms = wire::publish_delay(headers).map_err(|p| (p, Some(kind)))?;
+    let (exchange, routing_key) = delay_route(&ctx.names, mode, kind, delay_ms);
+    Ok(Route {
+        exchange,
+        routing_key,
+        kind,
+    })
 }
 
 /// Consumes the ingest queue until shutdown or a connection failure.
@@ -135,7 +124,8 @@ async fn route_one(
                 &route.exchange,
                 &route.routing_key,
                 &delivery.data,
-                // Unchanged properties: message_id, timestamp and headers travel on.
+                // Unchanged properties: message_id, timestamp and headers (the
+                // validated `x-delay` the plugin reads) travel on.
                 delivery.properties.clone(),
             )
             .await?;

@@ -1,12 +1,19 @@
 //! Exchange and queue names, the TTL-level layout, and its declaration.
 //!
 //! ```text
-//! publisher ─► <prefix> ─► <prefix>.ingest ─► router
-//!   ttl:    router ─► <prefix>.out.23 ─► level of the highest set bit ─► … ─► <prefix>.due
-//!   plugin: <prefix> is x-delayed-message; router (after the delay) ─► <prefix>.due
+//! publisher ─► <prefix> (fanout, both modes) ─► <prefix>.ingest ─► router (validates)
+//! router, relay, re-delays ─► the delay stage of the mode in effect:
+//!   ttl:    <prefix>.out.23 ─► level of the highest set bit ─► … ─► <prefix>.due
+//!   plugin: <prefix>.delay (x-delayed-message, direct by kind) ─► <prefix>.due
 //! <prefix>.due (topic, by kind) ─► <prefix>.work.<kind> ─► consumer
 //! anything that breaks the contract ─► <prefix>.parked (with x-parked-reason)
 //! ```
+//!
+//! The two stages have different names and both end in `due`, so they live side
+//! by side in one vhost: switching modes changes where new timers go, while the
+//! timers already waiting in the other stage still drain into `due`. Nothing is
+//! deleted on a switch. Validation happens before either stage, so the plugin
+//! never sees an `x-delay` it would deliver at once.
 //!
 //! TTL mode: a delay of D whole seconds is written as [`DIGITS`] octal digits,
 //! most significant first, then the kind: `0.0.0.0.0.0.1.5.payment` is 13 s.
@@ -101,6 +108,10 @@ impl Names {
     pub fn out(&self, l: u32) -> String {
         format!("{}.out.{l:02}", self.prefix)
     }
+    /// The plugin stage: an `x-delayed-message` exchange routing by kind into `due`.
+    pub fn delay(&self) -> String {
+        format!("{}.delay", self.prefix)
+    }
     /// Where due messages go, routed by kind to the work queues.
     pub fn due(&self) -> String {
         format!("{}.due", self.prefix)
@@ -127,6 +138,25 @@ pub fn ttl_routing_key(seconds: u64, kind: TimeoutKind) -> String {
     }
     key.push_str(kind.as_str());
     key
+}
+
+/// Where a timer that passed validation goes to wait: the exchange and routing
+/// key of the delay stage of `mode`. The one place that decides it, for the
+/// router, the outbox relay and the consumer's re-delays alike. The message
+/// carries its `x-delay` header either way (the plugin reads it; the levels
+/// need only the key).
+pub fn delay_route(
+    names: &Names,
+    mode: Mode,
+    kind: TimeoutKind,
+    delay_ms: u64,
+) -> (String, String) {
+    match mode {
+        // Whole seconds in the levels (rounded down, so never late); the
+        // consumer holds the sub-second rest against the database deadline.
+        Mode::Ttl => (names.out(LEVELS), ttl_routing_key(delay_ms / 1000, kind)),
+        Mode::Plugin => (names.delay(), kind.as_str().to_string()),
+    }
 }
 
 /// The topic patterns matching every TTL routing key whose bits satisfy `want`
@@ -313,25 +343,18 @@ fn queue_args(queue_type: QueueType, extra: Args) -> Args {
     pairs
 }
 
-/// The exchanges of `mode`, in the order they are declared.
+/// The exchanges of `mode`, in the order they are declared: the ones every
+/// mode shares, then the delay stage of `mode`.
 pub fn exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
-    // The entry exchange. Fanout: every message reaches the router whatever its
-    // routing key, so an unknown kind is parked with a reason instead of being
-    // dropped as unroutable. In plugin mode the plugin wraps that fanout.
-    let entry = match mode {
-        Mode::Ttl => ExchangeSpec {
+    let mut out = vec![
+        // The entry exchange, the same in both modes. Fanout: every message
+        // reaches the router whatever its routing key, so an unknown kind is
+        // parked with a reason instead of being dropped as unroutable.
+        ExchangeSpec {
             name: names.entry().to_string(),
             kind: ExchangeType::Fanout,
             arguments: Vec::new(),
         },
-        Mode::Plugin => ExchangeSpec {
-            name: names.entry().to_string(),
-            kind: ExchangeType::DelayedMessage,
-            arguments: vec![("x-delayed-type", Arg::Text("fanout".into()))],
-        },
-    };
-    let mut out = vec![
-        entry,
         // Parked messages: kept until an operator looks at them.
         ExchangeSpec {
             name: names.parked(),
@@ -345,14 +368,28 @@ pub fn exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
             arguments: Vec::new(),
         },
     ];
-    if mode == Mode::Ttl {
-        out.extend((0..=LEVELS).map(|l| ExchangeSpec {
-            name: names.out(l),
-            kind: ExchangeType::Topic,
-            arguments: Vec::new(),
-        }));
-    }
+    out.extend(stage_exchanges(names, mode));
     out
+}
+
+/// The exchanges of one delay stage only.
+pub fn stage_exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
+    match mode {
+        Mode::Ttl => (0..=LEVELS)
+            .map(|l| ExchangeSpec {
+                name: names.out(l),
+                kind: ExchangeType::Topic,
+                arguments: Vec::new(),
+            })
+            .collect(),
+        // The plugin holds each message for its `x-delay`, then routes it as a
+        // direct exchange would: by kind, to the due exchange.
+        Mode::Plugin => vec![ExchangeSpec {
+            name: names.delay(),
+            kind: ExchangeType::DelayedMessage,
+            arguments: vec![("x-delayed-type", Arg::Text("direct".into()))],
+        }],
+    }
 }
 
 /// The queues of `mode`, in the order they are declared.
@@ -406,8 +443,10 @@ fn level_args(names: &Names, l: u32, queue_type: QueueType) -> Args {
 }
 
 /// The bindings every mode has: entry to ingest, parked to parked, and the due
-/// exchange to each work queue by kind: `<kind>` for what the router sends on
-/// at once (plugin mode), `*.*.*.*.*.*.*.*.<kind>` for what leaves the TTL levels.
+/// exchange to each work queue by kind: `<kind>` for what leaves the plugin
+/// stage, `*.*.*.*.*.*.*.*.<kind>` for what leaves the TTL levels. Both keys are
+/// bound in every mode, so either stage drains into the work queues whichever
+/// mode the service runs in now.
 pub fn core_bindings(names: &Names) -> Vec<Binding> {
     let mut out = vec![
         Binding {
@@ -436,12 +475,30 @@ pub fn core_bindings(names: &Names) -> Vec<Binding> {
     out
 }
 
-/// Every binding of `mode`: the core ones, then (TTL) the level bindings.
+/// The bindings of the plugin stage: `<prefix>.delay` to the due exchange,
+/// one per kind (exchange-to-exchange, so `due` routes it on like any other).
+pub fn plugin_bindings(names: &Names) -> Vec<Binding> {
+    TimeoutKind::ALL
+        .map(|kind| Binding {
+            source: names.delay(),
+            destination: Destination::Exchange(names.due()),
+            key: kind.as_str().to_string(),
+        })
+        .to_vec()
+}
+
+/// The bindings of one delay stage only.
+pub fn stage_bindings(names: &Names, mode: Mode) -> Vec<Binding> {
+    match mode {
+        Mode::Ttl => level_bindings(names),
+        Mode::Plugin => plugin_bindings(names),
+    }
+}
+
+/// Every binding of `mode`: the core ones, then those of its delay stage.
 pub fn bindings(names: &Names, mode: Mode) -> Vec<Binding> {
     let mut out = core_bindings(names);
-    if mode == Mode::Ttl {
-        out.extend(level_bindings(names));
-    }
+    out.extend(stage_bindings(names, mode));
     out
 }
 
@@ -472,11 +529,14 @@ async fn bind(channel: &Channel, b: &Binding, nowait: bool) -> Result<(), lapin:
     }
 }
 
-/// Declares the whole topology of `mode`. Idempotent; run on every (re)connect so
-/// a broker that lost its definitions gets them back. Fails with 406
-/// PRECONDITION_FAILED when a name exists with other arguments (for example the
-/// entry exchange left by the other mode): `doctor` explains that case.
-/// [`exchanges`], [`queues`] and [`bindings`] say what; `definitions` exports the same.
+/// Declares the whole topology of `mode`: the shared part and the delay stage
+/// of `mode`. Idempotent; run on every (re)connect so a broker that lost its
+/// definitions gets them back. The other mode's stage is left as it is: timers
+/// still waiting there drain into `due` (see the module note). Fails with 406
+/// PRECONDITION_FAILED when a name exists with other arguments (an entry
+/// exchange left as `x-delayed-message` by an earlier version in plugin mode): `doctor`
+/// explains that case. [`exchanges`], [`queues`] and [`bindings`] say what;
+/// `definitions` exports the same.
 pub async fn declare(
     channel: &Channel,
     names: &Names,
@@ -492,25 +552,31 @@ pub async fn declare(
     for b in core_bindings(names) {
         bind(channel, &b, false).await?;
     }
-
-    if mode == Mode::Ttl {
-        // About 1,350 bindings: sent without waiting for each reply (nowait), so
-        // declaring costs one round trip, not 1,350. A failed binding closes the
-        // channel, which the synchronous declare below then reports.
-        for b in level_bindings(names) {
-            bind(channel, &b, true).await?;
+    match mode {
+        Mode::Plugin => {
+            for b in plugin_bindings(names) {
+                bind(channel, &b, false).await?;
+            }
         }
-        channel
-            .exchange_declare(
-                names.due().as_str().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
+        Mode::Ttl => {
+            // About 1,350 bindings: sent without waiting for each reply (nowait), so
+            // declaring costs one round trip, not 1,350. A failed binding closes the
+            // channel, which the synchronous declare below then reports.
+            for b in level_bindings(names) {
+                bind(channel, &b, true).await?;
+            }
+            channel
+                .exchange_declare(
+                    names.due().as_str().into(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+        }
     }
     Ok(())
 }
@@ -545,17 +611,20 @@ pub async fn declare_queue(channel: &Channel, q: &QueueSpec) -> Result<lapin::Qu
         .await
 }
 
-/// Deletes everything [`declare`] may have created under these names, for tests
-/// and for switching modes. Pending timers in the levels are lost: only for
-/// operators who mean it.
+/// Deletes everything [`declare`] may have created under these names, in
+/// either mode, for tests and for operators who mean it: timers waiting in
+/// either stage are lost.
 pub async fn delete_all(channel: &Channel, names: &Names) -> Result<(), lapin::Error> {
-    // TTL mode's names are a superset of plugin mode's.
+    // The TTL queues are a superset of the plugin mode's; RabbitMQ answers a
+    // delete of a name that does not exist with delete-ok.
     for q in queues(names, Mode::Ttl, QueueType::Classic) {
         channel
             .queue_delete(q.name.as_str().into(), Default::default())
             .await?;
     }
-    for x in exchanges(names, Mode::Ttl) {
+    let mut all = exchanges(names, Mode::Ttl);
+    all.extend(stage_exchanges(names, Mode::Plugin));
+    for x in all {
         channel
             .exchange_delete(x.name.as_str().into(), ExchangeDeleteOptions::default())
             .await?;
@@ -694,6 +763,37 @@ mod tests {
         }
         // Spelling constrained digits out costs bindings, declared once: 1,353.
         assert!(bindings.len() < 1_400, "{} bindings", bindings.len());
+    }
+
+    #[test]
+    fn both_stages_drain_into_due_and_each_timer_enters_one() {
+        let names = Names::new("t");
+        let ttl: Vec<Binding> = bindings(&names, Mode::Ttl);
+        let plugin: Vec<Binding> = bindings(&names, Mode::Plugin);
+        for kind in TimeoutKind::ALL {
+            let (x, key) = delay_route(&names, Mode::Plugin, kind, 1500);
+            assert_eq!((x.as_str(), key.as_str()), ("t.delay", kind.as_str()));
+            // After the plugin's delay: one route, to due, then to the kind's queue.
+            assert_eq!(
+                route(&plugin, &x, &key),
+                vec![&Destination::Exchange(names.due())]
+            );
+            assert_eq!(
+                route(&plugin, &names.due(), &key),
+                vec![&Destination::Queue(names.work(kind))]
+            );
+            let (x, key) = delay_route(&names, Mode::Ttl, kind, 13_999);
+            assert_eq!(x, names.out(LEVELS));
+            assert_eq!(key, ttl_routing_key(13, kind));
+        }
+        // The shared part is the same in both modes: either stage's leftovers
+        // still reach the work queues after a switch.
+        assert_eq!(core_bindings(&names), plugin[..core_bindings(&names).len()]);
+        assert_eq!(core_bindings(&names), ttl[..core_bindings(&names).len()]);
+        assert_eq!(
+            exchanges(&names, Mode::Ttl)[..3],
+            exchanges(&names, Mode::Plugin)[..3]
+        );
     }
 
     #[test]

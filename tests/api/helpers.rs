@@ -20,8 +20,49 @@ use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-pub const MANAGEMENT: &str = "http://127.0.0.1:15672/api";
-pub const BROKER: &str = "amqp://guest:guest@127.0.0.1:5672";
+/// The broker's management API and AMQP address (without a vhost). The
+/// machine's own broker unless `ORDER_TIMEOUT_TEST_MANAGEMENT` /
+/// `ORDER_TIMEOUT_TEST_BROKER` say otherwise: CI runs the core scenarios a
+/// second time against RabbitMQ 4 that way.
+pub static MANAGEMENT: Endpoint = Endpoint {
+    var: "ORDER_TIMEOUT_TEST_MANAGEMENT",
+    default: "http://127.0.0.1:15672/api",
+};
+/// See [`MANAGEMENT`].
+pub static BROKER: Endpoint = Endpoint {
+    var: "ORDER_TIMEOUT_TEST_BROKER",
+    default: "amqp://guest:guest@127.0.0.1:5672",
+};
+
+/// An address a test run can be pointed elsewhere with an environment variable.
+pub struct Endpoint {
+    var: &'static str,
+    default: &'static str,
+}
+
+impl Endpoint {
+    pub fn get(&self) -> String {
+        std::env::var(self.var).unwrap_or_else(|_| self.default.to_string())
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.get())
+    }
+}
+
+/// The management API's base URL with credentials, as the curl example and
+/// the service's `amqp.management_url` take it.
+pub fn management_base(with_credentials: bool) -> String {
+    let api = MANAGEMENT.get();
+    let base = api.trim_end_matches("/api");
+    if with_credentials {
+        base.replacen("://", "://guest:guest@", 1)
+    } else {
+        base.to_string()
+    }
+}
 pub const POSTGRES_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 pub const MARIADB_ADMIN: &str = "mysql://root@127.0.0.1:3306/mysql";
 
@@ -108,6 +149,51 @@ pub async fn api_get(path: &str) -> Value {
         .unwrap_or_else(|e| panic!("GET {path}: {e}"))
 }
 
+/// GET on the management API, as JSON; `None` on 404.
+pub async fn api_get_opt(path: &str) -> Option<Value> {
+    let resp = management()
+        .get(format!("{MANAGEMENT}{path}"))
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    if resp.status() == reqwest::StatusCode::NOT_FOUND {
+        return None;
+    }
+    assert!(resp.status().is_success(), "GET {path}: {}", resp.status());
+    Some(
+        resp.json()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}")),
+    )
+}
+
+/// The broker's version, as its management API reports it (`3.10.8`, `4.0.5`).
+pub async fn broker_version() -> String {
+    api_get("/overview").await["rabbitmq_version"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Runs `rabbitmqctl ARGS` against the broker under test: the command is
+/// `ORDER_TIMEOUT_TEST_RABBITMQCTL` (a shell command prefix), or `rabbitmqctl`.
+pub fn rabbitmqctl(args: &str) {
+    let ctl = std::env::var("ORDER_TIMEOUT_TEST_RABBITMQCTL")
+        .unwrap_or_else(|_| "rabbitmqctl".to_string());
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{ctl} {args}"))
+        .output()
+        .expect("sh runs");
+    assert!(
+        out.status.success(),
+        "{ctl} {args}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Closes the vhost's connections through the management API, as an operator
 /// would; `only_service` keeps to those named `order-timeout …`. Returns how
 /// many it closed. A connection is listed once its first statistics are in.
@@ -152,7 +238,9 @@ pub async fn create_vhost(name: &str) {
         .basic_auth("guest", Some("guest"))
         .send()
         .await;
-    let resp = resp.expect("management API reachable on 15672 (make test enables the plugin)");
+    let resp = resp.unwrap_or_else(|e| {
+        panic!("management API reachable at {MANAGEMENT} (make test enables the plugin): {e}")
+    });
     assert!(
         resp.status().is_success(),
         "create vhost: {}",
@@ -361,6 +449,11 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
         ("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:0".to_string()),
         ("ORDER_TIMEOUT__SWEEPER__ENABLED", "false".to_string()),
         ("ORDER_TIMEOUT__DATABASE__MAX_CONNECTIONS", "5".to_string()),
+        // The API of the broker under test, not the default derived from its host.
+        (
+            "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+            management_base(false),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -685,6 +778,57 @@ impl TestApp {
         depths
     }
 
+    /// Timers waiting in one delay stage: the messages in the level queues
+    /// (ttl, counted over AMQP), or what the plugin reports for
+    /// `<prefix>.delay` (plugin; no queue holds them). 0 where the stage does
+    /// not exist in the vhost.
+    pub async fn stage_timers(&self, stage: DelayMode) -> u64 {
+        match stage {
+            DelayMode::Ttl => {
+                let levels: Vec<String> = (0..order_timeout::amqp::topology::LEVELS)
+                    .map(|l| self.names.level(l))
+                    .collect();
+                let declared = api_get_opt(&format!(
+                    "/queues/{}/{}",
+                    url_encode(&self.vhost),
+                    url_encode(&levels[0])
+                ))
+                .await
+                .is_some();
+                if !declared {
+                    return 0;
+                }
+                self.queue_depths(&levels)
+                    .await
+                    .into_iter()
+                    .map(u64::from)
+                    .sum()
+            }
+            DelayMode::Plugin => api_get_opt(&format!(
+                "/exchanges/{}/{}",
+                url_encode(&self.vhost),
+                url_encode(&self.names.delay())
+            ))
+            .await
+            .map(|x| {
+                x["messages_delayed"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("the plugin reports messages_delayed: {x}"))
+            })
+            .unwrap_or(0),
+        }
+    }
+
+    /// Waits until a delay stage holds exactly `n` timers.
+    pub async fn wait_stage_timers(&self, stage: DelayMode, n: u64, within: Duration) {
+        wait_until(
+            within,
+            &format!("{n} timers waiting in the {} stage", stage.as_str()),
+            || async { (self.stage_timers(stage).await == n).then_some(()) },
+        )
+        .await
+    }
+
     /// Messages in one of our queues, as the broker counts them.
     pub async fn queue_depth(&self, queue: &str) -> u32 {
         let conn = self.amqp().await;
@@ -764,14 +908,23 @@ pub fn ms(order: &Value, field: &str) -> i64 {
         .timestamp_millis()
 }
 
+/// Set (by `.ci/run`) where the plugin must be present: a plugin-mode test that
+/// finds none fails instead of skipping.
+pub const REQUIRE_PLUGIN: &str = "ORDER_TIMEOUT_REQUIRE_PLUGIN";
+
 /// Runs a scenario on a backend and mode; plugin mode is skipped, loudly, when
-/// the broker does not offer the exchange type.
+/// the broker does not offer the exchange type (and fails under [`REQUIRE_PLUGIN`]).
 pub async fn run<F, Fut>(backend: Backend, mode: DelayMode, scenario: F)
 where
     F: FnOnce(Backend, DelayMode) -> Fut,
     Fut: Future<Output = ()>,
 {
     if mode == DelayMode::Plugin && !plugin_available().await {
+        // CI installs the plugin: there a plugin-mode test that finds none fails.
+        assert!(
+            std::env::var_os(REQUIRE_PLUGIN).is_none(),
+            "{REQUIRE_PLUGIN} is set but the broker at {MANAGEMENT} offers no x-delayed-message exchange type"
+        );
         // Written to the process's stderr directly, so the test harness's capture
         // does not hide it: a skipped test must say so.
         let _ = writeln!(

@@ -38,4 +38,5 @@ mod rabbitmq_world;
 mod reliability;
 mod resilience;
 mod settings;
+mod stages;
 mod tls;

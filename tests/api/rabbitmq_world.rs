@@ -289,17 +289,36 @@ async fn node_amqplib_postgres_plugin() {
     .await
 }
 
-/// The management HTTP API publisher (TTL mode only: see the script's note on
-/// how the plugin answers `routed`).
+/// The management HTTP API publisher, in both modes (the entry exchange is a
+/// fanout in both, so the script's `routed` check holds with the plugin too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_management_api_mariadb_ttl() {
+    run(
+        Backend::MariaDb,
+        DelayMode::Ttl,
+        curl_publishes_a_working_timeout,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_management_api_sqlite_plugin() {
+    run(
+        Backend::Sqlite,
+        DelayMode::Plugin,
+        curl_publishes_a_working_timeout,
+    )
+    .await
+}
+
+pub async fn curl_publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
     if !(runs("curl") && runs("jq") && runs("bash")) {
         return missing("curl, jq and bash");
     }
-    example_cancels_an_order(Backend::MariaDb, DelayMode::Ttl, |app, id| {
+    example_cancels_an_order(backend, mode, |app, id| {
         Command::new("bash")
             .arg(example("rabbitmq/examples/curl/publish_timeout.sh"))
-            .args(["--url", "http://guest:guest@127.0.0.1:15672"])
+            .args(["--url", &management_base(true)])
             .args(["--vhost", &app.vhost, "--exchange", app.names.entry()])
             .args(["--order-id", id, "--delay-ms", "2000"])
             .output()

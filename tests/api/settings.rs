@@ -60,13 +60,19 @@ fn secrets_never_reach_doctor_output() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn doctor_reports_mode_and_topology_and_schedule_publishes() {
-    let app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
-    let db_url = app.ctx.settings.database.url.expose().to_string();
-    let env = [
-        ("ORDER_TIMEOUT__AMQP__URL", app.amqp_url.clone()),
-        ("ORDER_TIMEOUT__DATABASE__URL", db_url),
-    ];
+async fn doctor_reports_mode_and_topology_and_schedule_publishes_ttl() {
+    run(Backend::Sqlite, DelayMode::Ttl, doctor_and_schedule).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_mode_and_topology_and_schedule_publishes_plugin() {
+    run(Backend::Sqlite, DelayMode::Plugin, doctor_and_schedule).await
+}
+
+async fn doctor_and_schedule(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    // Everything the app runs with, the delay mode and management API included.
+    let env = app.env.clone();
 
     let out = Command::new(BIN)
         .arg("doctor")
@@ -79,17 +85,27 @@ async fn doctor_reports_mode_and_topology_and_schedule_publishes() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("delay mode: ttl"), "{stdout}");
     assert!(
-        stdout.contains(
-            "topology: 27 exchanges and 28 queues declared, types and arguments as expected"
+        stdout.contains(&format!("delay mode: {}", mode.as_str())),
+        "{stdout}"
+    );
+    let (topology, other_queue_type, in_use, absent) = match mode {
+        DelayMode::Ttl => (
+            "topology: 27 exchanges and 28 queues declared, types and arguments as expected",
+            "28 declared with another type or other arguments",
+            "ttl stage: 23 level queues, 0 timers waiting (in use)",
+            "plugin stage: not declared in this vhost",
         ),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("(env ORDER_TIMEOUT__AMQP__URL)"),
-        "{stdout}"
-    );
+        DelayMode::Plugin => (
+            "topology: 4 exchanges and 5 queues declared, types and arguments as expected",
+            "5 declared with another type or other arguments",
+            "plugin stage: order.timeouts.delay, 0 timers waiting (in use)",
+            "ttl stage: not declared in this vhost",
+        ),
+    };
+    for line in [topology, in_use, absent, "(env ORDER_TIMEOUT__AMQP__URL)"] {
+        assert!(stdout.contains(line), "{line}\n{stdout}");
+    }
 
     // The same vhost seen with another queue type: doctor says the topology differs.
     let out = Command::new(BIN)
@@ -100,14 +116,40 @@ async fn doctor_reports_mode_and_topology_and_schedule_publishes() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
-    assert!(
-        stdout.contains("28 declared with another type or other arguments"),
-        "{stdout}"
-    );
+    assert!(stdout.contains(other_queue_type), "{stdout}");
 
     app.put_stock("A", 1).await;
-    // A long window: only the CLI's message, with a short delay, arrives early and is re-delayed.
-    let id = app.order(&[("A", 1)], "2s").await;
+    // A long window: the timer waits in the stage, and doctor counts it.
+    let waiting = app.order(&[("A", 1)], "1h").await;
+    let counted = format!(
+        "{}, 1 timers waiting (in use)",
+        in_use.split(',').next().unwrap_or_default()
+    );
+    let stdout = wait_until(
+        Duration::from_secs(30),
+        "doctor counts the waiting timer",
+        || async {
+            let out = Command::new(BIN)
+                .arg("doctor")
+                .envs(env.clone())
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+            stdout.contains(&counted).then_some(stdout)
+        },
+    )
+    .await;
+    if mode == DelayMode::Plugin {
+        // The plugin's table is node-local: doctor says what removing it would cost.
+        assert!(
+            stdout.contains("WARN  plugin stage: 1 timers wait in the plugin's node-local table"),
+            "{stdout}"
+        );
+    }
+    assert_eq!(app.get_order(&waiting).await["status"], "pending_payment");
+
+    app.put_stock("B", 1).await;
+    let id = app.order(&[("B", 1)], "2s").await;
     let out = Command::new(BIN)
         .args([
             "schedule",
@@ -210,7 +252,16 @@ fn credentials_never_reach_logs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_finishes_in_under_a_minute_and_leaves_nothing() {
+async fn demo_finishes_in_under_a_minute_and_leaves_nothing_ttl() {
+    run(Backend::Sqlite, DelayMode::Ttl, demo).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_finishes_in_under_a_minute_and_leaves_nothing_plugin() {
+    run(Backend::Sqlite, DelayMode::Plugin, demo).await
+}
+
+async fn demo(_: Backend, mode: DelayMode) {
     let vhost = Vhost::create().await;
     let started = std::time::Instant::now();
     let out = Command::new(BIN)
@@ -218,6 +269,11 @@ async fn demo_finishes_in_under_a_minute_and_leaves_nothing() {
         .env(
             "ORDER_TIMEOUT__AMQP__URL",
             format!("{BROKER}/{}", vhost.name()),
+        )
+        .env("ORDER_TIMEOUT__AMQP__DELAY_MODE", mode.as_str())
+        .env(
+            "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+            management_base(false),
         )
         .output()
         .unwrap();
@@ -229,12 +285,27 @@ async fn demo_finishes_in_under_a_minute_and_leaves_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(took < Duration::from_secs(60), "the demo took {took:?}");
-    assert!(
-        stdout.contains("6 orders: 2 paid, 4 cancelled at their deadline"),
-        "{stdout}"
-    );
+    // What really happened: every unpaid order cancelled by its timer, on time.
+    for line in [
+        "6 orders: 2 paid, 4 cancelled",
+        "4 cancelled by their timer from the broker, at most",
+        &format!("(delay mode: {};", mode.as_str()),
+    ] {
+        assert!(stdout.contains(line), "{line}\n{stdout}");
+    }
+    assert!(!stdout.contains("instead"), "{stdout}");
     // Piped: plain lines, no escape codes.
     assert!(!stdout.contains('\x1b'), "{stdout}");
-    let queues = api_get(&format!("/queues/{}", vhost.name())).await;
+    let v = url_encode(vhost.name());
+    let queues = api_get(&format!("/queues/{v}")).await;
     assert_eq!(queues, serde_json::json!([]), "the demo left queues behind");
+    let exchanges = api_get(&format!("/exchanges/{v}")).await;
+    let left: Vec<&str> = exchanges
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x["name"].as_str())
+        .filter(|n| !n.is_empty() && !n.starts_with("amq."))
+        .collect();
+    assert!(left.is_empty(), "the demo left exchanges behind: {left:?}");
 }

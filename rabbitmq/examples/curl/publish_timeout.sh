@@ -14,10 +14,12 @@
 # --url is the management API's base (default http://guest:guest@127.0.0.1:15672),
 # credentials included; --vhost the virtual host (default "/"). Needs curl and jq.
 #
-# The message checks "routed": true, so a wrong exchange or a missing binding
-# fails loudly. With the delayed-message plugin the exchange holds the message
-# instead of routing it at once, so the broker may answer "routed": false for a
-# message that was in fact scheduled; this script is tested against TTL mode.
+# The script checks "routed": true, so a wrong exchange or a missing binding
+# fails loudly. The entry exchange is a plain fanout in both delay modes (the
+# service validates a message before it waits), so "routed" means what it says
+# with or without the delayed-message plugin; tested in both modes. (Published
+# straight into a delayed-message exchange, the plugin would answer "routed":
+# false for a message it did schedule: it routes when the delay ends.)
 set -euo pipefail
 
 url="http://guest:guest@127.0.0.1:15672"
