@@ -19,8 +19,8 @@ use anyhow::{Context as _, bail};
 use futures_util::{FutureExt, StreamExt};
 use lapin::Connection;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
@@ -98,7 +98,7 @@ async fn consume_ack_on(
                     .basic_publish(
                         "".into(),
                         queue.into(),
-                        BasicPublishOptions::default(),
+                        crate::amqp::publish_options(),
                         &wire::encode(&message),
                         properties,
                     )
@@ -259,11 +259,11 @@ pub struct Scheduled {
 /// each published at the same moment relative to the others as the service's
 /// relay published it and with the same delay, so each sits in the same TTL
 /// levels at the same relative times; then consumed from the copy's work queue
-/// (ttl) or ingest queue (plugin) by one consumer acking per batch. No router,
+/// by one consumer acking per batch. No router,
 /// no database, no service: how fast, and how late, this broker hands these
 /// timers over at all.
 pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<DelayPath> {
-    use crate::amqp::topology::{self, LEVELS, Mode, Names, QueueType};
+    use crate::amqp::topology::{self, Mode, Names, QueueType};
     let n = schedule.len();
     if !schedule.iter().any(|s| s.burst) {
         bail!("the delay path needs at least one burst timer");
@@ -295,10 +295,7 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<
         let first_id = 2_000_000_i64;
 
         // The consumer runs before the first publish: arrivals are timed as they come.
-        let queue = match mode {
-            Mode::Ttl => names.work(TimeoutKind::Payment),
-            Mode::Plugin => names.ingest(),
-        };
+        let queue = names.work(TimeoutKind::Payment);
         let consume = conn.create_channel().await?;
         consume
             .basic_qos(ctx.prefetch, BasicQosOptions::default())
@@ -358,19 +355,15 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<
             };
             let properties =
                 wire::properties(&format!("{i}:payment"), Millis::now(), delay_ms as u64, &[]);
-            let (exchange, key) = match mode {
-                Mode::Ttl => (
-                    names.out(LEVELS),
-                    topology::ttl_routing_key(delay_ms as u64 / 1000, TimeoutKind::Payment),
-                ),
-                Mode::Plugin => (names.entry().to_string(), "payment".to_string()),
-            };
+            // Where the service's relay puts the same timer.
+            let (exchange, key) =
+                topology::delay_route(&names, mode, TimeoutKind::Payment, delay_ms as u64);
             confirms.push(
                 channel
                     .basic_publish(
                         exchange.as_str().into(),
                         key.as_str().into(),
-                        BasicPublishOptions::default(),
+                        crate::amqp::publish_options(),
                         &wire::encode(&message),
                         properties,
                     )

@@ -1,16 +1,19 @@
-//! `bench --million`: a million pending timers in ttl mode.
+//! `bench --million`: a million pending timers (or `--million-orders N`), in
+//! either delay mode.
 //!
 //! Checkout over HTTP runs at a few thousand orders a second on a small machine,
 //! so a million would take most of an hour; instead the orders and their outbox
 //! rows are written by one SQL statement each (one transaction), exactly as a
 //! million checkouts would have left them, and the service's own outbox relay
-//! publishes them and its router lays them into the TTL levels. Windows are one
-//! to two days, so nothing falls due during the run.
+//! publishes them straight into the delay stage (the TTL levels, or the plugin's
+//! exchange). Windows are one to two days, so nothing falls due during the run.
 //!
-//! Reported: the time from the commit to the last timer parked in a level
-//! (relay + router), the service's RSS sampled every second (is it flat?), the
-//! broker's memory and disk (`/api/nodes`) and the levels' memory (`/api/queues`).
-//! The vhost (and with it the million messages) is deleted afterwards.
+//! Reported: the time from the commit to the last timer waiting in the stage,
+//! the service's RSS sampled every second (is it flat?), the broker's memory and
+//! disk (`/api/nodes`), the queues' memory (`/api/queues`), and the broker's
+//! memory per pending timer (the plugin keeps its timers in a table of the
+//! node, not in a queue, so only the node's memory shows them). The vhost (and
+//! with it the timers) is deleted afterwards.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,7 +39,7 @@ struct BrokerState {
     mem_mb: f64,
     /// Free disk, MiB.
     disk_free_mb: f64,
-    /// Messages in the TTL levels.
+    /// Timers waiting in the delay stage (TTL levels, or the plugin's exchange).
     in_levels: u64,
     /// Messages in every other queue of the vhost (ingest, work, parked).
     elsewhere: u64,
@@ -46,22 +49,38 @@ struct BrokerState {
     persistent_mb: f64,
 }
 
-/// Exact message counts by passive declare (the management API's are up to 5 s old).
-async fn counts(channel: &lapin::Channel, names: &Names) -> anyhow::Result<(u64, u64)> {
+/// Exact message counts by passive declare (the management API's are up to 5 s
+/// old): timers in the delay stage, and messages anywhere else. The plugin's
+/// timers are in no queue: the plugin reports them per exchange.
+async fn counts(
+    ctx: &RunCtx,
+    channel: &lapin::Channel,
+    names: &Names,
+) -> anyhow::Result<(u64, u64)> {
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
     };
     let mut levels = 0;
-    for l in 0..LEVELS {
-        let q = channel
-            .queue_declare(
-                names.level(l).as_str().into(),
-                passive,
-                FieldTable::default(),
-            )
+    if ctx.mode == "plugin" {
+        let exchange = ctx
+            .management
+            .get(&format!("/exchanges/{}/{}", ctx.vhost, names.delay()))
             .await?;
-        levels += u64::from(q.message_count());
+        levels = exchange["messages_delayed"]
+            .as_u64()
+            .context("the plugin reports no messages_delayed")?;
+    } else {
+        for l in 0..LEVELS {
+            let q = channel
+                .queue_declare(
+                    names.level(l).as_str().into(),
+                    passive,
+                    FieldTable::default(),
+                )
+                .await?;
+            levels += u64::from(q.message_count());
+        }
     }
     let mut others = vec![names.ingest(), names.parked()];
     others.extend(TimeoutKind::ALL.iter().map(|k| names.work(*k)));
@@ -94,7 +113,7 @@ async fn broker_state(ctx: &RunCtx, channel: &lapin::Channel) -> anyhow::Result<
         disk_free_mb: mb(&node["disk_free"]),
         ..Default::default()
     };
-    (state.in_levels, state.elsewhere) = counts(channel, &Names::new(&ctx.prefix)).await?;
+    (state.in_levels, state.elsewhere) = counts(ctx, channel, &Names::new(&ctx.prefix)).await?;
     for q in queues.as_array().into_iter().flatten() {
         state.queue_mem_mb += mb(&q["memory"]);
         state.persistent_mb += mb(&q["message_bytes_persistent"]);
@@ -106,13 +125,13 @@ fn broker_json(s: &BrokerState) -> Value {
     json!({
         "mem_used_mb": round1(s.mem_mb),
         "disk_free_mb": round1(s.disk_free_mb),
-        "messages_in_levels": s.in_levels,
+        "timers_in_stage": s.in_levels,
         "queue_memory_mb": round1(s.queue_mem_mb),
         "message_bytes_persistent_mb": round1(s.persistent_mb),
     })
 }
 
-/// Runs the scenario; the service is running in ttl mode on a fresh database.
+/// Runs the scenario; the service is running on a fresh database.
 pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow::Result<Value> {
     let m = args.million_orders.max(1);
     let service = res.service.as_ref().context("service")?;
@@ -141,6 +160,8 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
     let first = rss.first().copied().unwrap_or(0.0);
     let last = rss.last().copied().unwrap_or(0.0);
     let max = rss.iter().copied().fold(0.0, f64::max);
+    // The node's memory grew by this much for the timers it now keeps.
+    let per_timer_bytes = (after.mem_mb - before.mem_mb) * 1_048_576.0 / m as f64;
     // Keep the series short in the JSON: at most 60 points.
     let step = (samples.len() / 60).max(1);
     let series: Vec<Value> = samples
@@ -153,7 +174,7 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
         "db": ctx.db_kind,
         "scenario": "million",
         "orders": m,
-        "scheduled_through": "orders and outbox rows written by SQL in one transaction; the service's relay published them, its router laid them into the TTL levels",
+        "scheduled_through": "orders and outbox rows written by SQL in one transaction; the service's relay published them straight into the delay stage",
         "insert_s": round1(insert_s),
         "schedule_s": round1(schedule_s),
         "schedule_per_s": round1(m as f64 / schedule_s),
@@ -162,6 +183,7 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
         "service_cpu_s": round1(stats.cpu_s),
         "broker_before": broker_json(&before),
         "broker_after": broker_json(&after),
+        "broker_memory_per_timer_bytes": per_timer_bytes.round(),
     });
     println!();
     println!("{:<34} value", "figure");
@@ -170,7 +192,7 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
         ("timers scheduled", m.to_string()),
         ("rows written (SQL)", format!("{insert_s:.1} s")),
         (
-            "commit -> all in TTL levels",
+            "commit -> all in the delay stage",
             format!("{schedule_s:.1} s ({:.0}/s)", m as f64 / schedule_s),
         ),
         (
@@ -191,9 +213,10 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
             format!("{:.0} / {:.0} MiB", before.disk_free_mb, after.disk_free_mb),
         ),
         (
-            "level queues' memory",
-            format!("{:.1} MiB", after.queue_mem_mb),
+            "broker memory per pending timer",
+            format!("{per_timer_bytes:.0} bytes"),
         ),
+        ("queues' memory", format!("{:.1} MiB", after.queue_mem_mb)),
     ] {
         println!("{name:<34} {value}");
     }
@@ -201,7 +224,7 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
     Ok(report)
 }
 
-/// Writes the rows, waits for the service to lay every timer in a level.
+/// Writes the rows, waits for the service to put every timer in the delay stage.
 /// Returns (schedule seconds, insert seconds, broker before, broker after).
 async fn schedule(
     ctx: &RunCtx,
@@ -254,7 +277,7 @@ async fn schedule_on(
         let state = broker_state(ctx, channel).await?;
         if outbox == 0 && state.in_levels >= m as u64 && state.elsewhere == 0 {
             let schedule_s = committed.elapsed().as_secs_f64();
-            println!("million: all {m} timers in the TTL levels after {schedule_s:.1}s");
+            println!("million: all {m} timers in the delay stage after {schedule_s:.1}s");
             // A little longer, to see whether memory settles.
             tokio::time::sleep(Duration::from_secs(5)).await;
             let after = broker_state(ctx, channel).await?;
@@ -267,13 +290,16 @@ async fn schedule_on(
                 bail!("{cancelled} orders changed status, though none was due");
             }
             if after.in_levels != m as u64 {
-                bail!("{} timers in the levels, {m} scheduled", after.in_levels);
+                bail!(
+                    "{} timers in the delay stage, {m} scheduled",
+                    after.in_levels
+                );
             }
             return Ok((schedule_s, insert_s, before, after));
         }
         if committed.elapsed() > limit {
             bail!(
-                "after {}s: {outbox} outbox rows left, {} timers in levels, {} elsewhere (want {m} in levels)",
+                "after {}s: {outbox} outbox rows left, {} timers in the stage, {} elsewhere (want {m} in the stage)",
                 limit.as_secs(),
                 state.in_levels,
                 state.elsewhere
@@ -281,7 +307,7 @@ async fn schedule_on(
         }
         if last_print.elapsed() >= Duration::from_secs(2) {
             println!(
-                "million: outbox {outbox} left, {} in levels, {} elsewhere, broker {:.0} MiB",
+                "million: outbox {outbox} left, {} in the stage, {} elsewhere, broker {:.0} MiB",
                 state.in_levels, state.elsewhere, state.mem_mb
             );
             last_print = Instant::now();

@@ -89,11 +89,10 @@ async fn mode_switch_plugin_to_ttl_postgres() {
 async fn mode_switch(backend: Backend, from: DelayMode, setting: &str, to: DelayMode) {
     let mut app = spawn_app(Spawn::new(backend, from)).await;
     app.put_stock("A", 10).await;
-    let old = app.order(&[("A", 2)], "12s").await;
+    // Long enough to be still waiting after a restart on a busy machine.
+    let old = app.order(&[("A", 2)], "30s").await;
     app.wait_stage_timers(from, 1, Duration::from_secs(5)).await;
-    let stopping = Instant::now();
     app.stop().await;
-    eprintln!("stopped in {:?}", stopping.elapsed());
 
     // A real restart in the other mode, on the same vhost and database.
     let next = app
@@ -111,7 +110,7 @@ async fn mode_switch(backend: Backend, from: DelayMode, setting: &str, to: Delay
     );
 
     next.cancelled_on_time(&new, Duration::from_secs(10)).await;
-    next.cancelled_on_time(&old, Duration::from_secs(15)).await;
+    next.cancelled_on_time(&old, Duration::from_secs(40)).await;
     for id in [&old, &new] {
         assert_cancelled_once_by_timer(&next, id).await;
     }

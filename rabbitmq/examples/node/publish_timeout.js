@@ -57,7 +57,8 @@ async function main() {
   try {
     // A confirm channel: waitForConfirms rejects unless the broker took the message.
     const channel = await connection.createConfirmChannel();
-    // No `mandatory`: the delayed-message plugin would return every message.
+    // No `mandatory` needed: the entry exchange is a fanout to the service's
+    // ingest queue in both delay modes, so it always has a route.
     channel.publish(opts.exchange, opts.kind, Buffer.from(body), {
       contentType: 'application/json',
       deliveryMode: 2, // persistent: the timer must survive a broker restart

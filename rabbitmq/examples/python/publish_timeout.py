@@ -52,7 +52,8 @@ def main() -> int:
     try:
         channel = connection.channel()
         channel.confirm_delivery()  # basic_publish raises if the broker does not take it
-        # No mandatory flag: the delayed-message plugin would return every message.
+        # No mandatory flag needed: the entry exchange is a fanout to the
+        # service's ingest queue in both delay modes, so it always has a route.
         channel.basic_publish(exchange=args.exchange, routing_key=args.kind, body=body, properties=properties)
     finally:
         connection.close()
