@@ -965,6 +965,62 @@ mod tests {
     }
 
     #[test]
+    fn management_api_defaults_to_the_brokers_host_and_credentials() {
+        let api = |env: &[(&str, &str)]| load(env).unwrap().amqp.management;
+        let default = api(&[]).unwrap();
+        assert_eq!(default.base, "http://127.0.0.1:15672");
+        assert_eq!(
+            (default.username.as_str(), default.password.expose()),
+            ("guest", "guest")
+        );
+        assert_eq!(default.vhost, "/");
+        let shop = api(&[(
+            "ORDER_TIMEOUT__AMQP__URL",
+            "amqp://shop:pw@mq.internal:5672/shop%2Fa",
+        )])
+        .unwrap();
+        assert_eq!(shop.base, "http://mq.internal:15672");
+        assert_eq!(
+            (shop.username.as_str(), shop.vhost.as_str()),
+            ("shop", "shop/a")
+        );
+        let given = api(&[
+            ("ORDER_TIMEOUT__AMQP__URL", "amqp://shop:pw@mq:5672/shop"),
+            (
+                "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+                "http://ops:s%40id@mq-admin:8080/rabbit/api/",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(given.base, "http://mq-admin:8080/rabbit");
+        assert_eq!(
+            (given.username.as_str(), given.password.expose()),
+            ("ops", "s@id")
+        );
+        assert_eq!(given.vhost, "shop");
+        assert_eq!(api(&[("ORDER_TIMEOUT__AMQP__MANAGEMENT_URL", "off")]), None);
+        // amqps://: the default would be https, which this client cannot speak.
+        assert_eq!(
+            api(&[("ORDER_TIMEOUT__AMQP__URL", "amqps://u:p@mq:5671/%2f")]),
+            None
+        );
+        for bad in ["https://mq:15671", "ftp://mq", "not a url"] {
+            let err = load(&[("ORDER_TIMEOUT__AMQP__MANAGEMENT_URL", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("`amqp.management_url`"), "{bad}: {err}");
+        }
+        // Shown without the password.
+        let shown = load(&[(
+            "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+            "http://ops:hunter2@mq:15672",
+        )])
+        .unwrap()
+        .describe();
+        assert!(!format!("{shown:?}").contains("hunter2"));
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         let err = load(&[("ORDER_TIMEOUT__AMQP__DELAYMODE", "ttl")])
             .unwrap_err()

@@ -33,6 +33,8 @@ pub struct Route {
     pub routing_key: String,
     /// The kind, for metrics.
     pub kind: TimeoutKind,
+    /// The validated delay, written back as the `x-delay` the stage reads.
+    pub delay_ms: u64,
 }
 
 /// Decides where a message from the ingest queue goes, or why it is parked.
@@ -56,6 +58,7 @@ pub fn classify(
         exchange,
         routing_key,
         kind,
+        delay_ms,
     })
 }
 
@@ -124,9 +127,11 @@ async fn route_one(
                 &route.exchange,
                 &route.routing_key,
                 &delivery.data,
-                // Unchanged properties: message_id, timestamp and headers (the
-                // validated `x-delay` the plugin reads) travel on.
-                delivery.properties.clone(),
+                // The publisher's properties travel on (message_id, timestamp,
+                // headers), with `x-delay` written back as the 64-bit integer
+                // that was validated: the plugin delivers at once a delay whose
+                // AMQP type it does not take as an integer (a timestamp, say).
+                wire::with_delay(&delivery.properties, route.delay_ms),
             )
             .await?;
             delivery.acker.ack(Default::default()).await?;

@@ -279,6 +279,22 @@ pub fn properties(
         .with_headers(FieldTable::from(headers))
 }
 
+/// The same properties with `x-delay` set to `delay_ms`, as a 64-bit signed
+/// integer (the plugin's `long`; it reads every signed and unsigned integer
+/// width, but no other type).
+pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties {
+    let mut headers = original
+        .headers()
+        .clone()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    headers.insert(
+        X_DELAY.into(),
+        AMQPValue::LongLongInt(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
+    );
+    original.clone().with_headers(FieldTable::from(headers))
+}
+
 /// The properties of a parked copy: everything the original had, plus why.
 pub fn parked_properties(
     original: &BasicProperties,
@@ -440,6 +456,21 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_delay_goes_on_as_a_64_bit_integer_and_nothing_else_changes() {
+        let mut headers = FieldTable::default();
+        headers.insert(X_DELAY.into(), AMQPValue::Timestamp(1500));
+        headers.insert("x-shop".into(), AMQPValue::LongInt(7));
+        let original = BasicProperties::default()
+            .with_message_id("m1".into())
+            .with_headers(headers);
+        let sent = with_delay(&original, 1500);
+        let h = sent.headers().as_ref().unwrap().inner();
+        assert_eq!(h.get(X_DELAY), Some(&AMQPValue::LongLongInt(1500)));
+        assert_eq!(h.get("x-shop"), Some(&AMQPValue::LongInt(7)));
+        assert_eq!(sent.message_id(), original.message_id());
     }
 
     #[test]

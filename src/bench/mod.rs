@@ -464,6 +464,7 @@ async fn timeouts(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow
     let (first_cancel, last_cancel, burst_n) = result.burst_window;
     let drain = profile::Profile::new(samples);
     let limit = drain.limit(
+        &ctx.mode,
         (first_cancel, last_cancel),
         burst_n,
         result.burst_cancels_per_s,

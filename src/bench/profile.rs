@@ -278,6 +278,7 @@ impl Profile {
     /// `rate` its measured cancels per second, `offered` what it asked for.
     pub fn limit(
         &self,
+        mode: &str,
         (first_ms, last_ms): (i64, i64),
         cancels: usize,
         rate: f64,
@@ -305,6 +306,9 @@ impl Profile {
             "the work queue: the consumer and the database were behind"
         } else if i64::from(ingest) * 2 >= overdue {
             "the ingest queue: the router was behind"
+        } else if mode == "plugin" {
+            // The plugin's timers are in no queue: what is nowhere else is there.
+            "the plugin's delay stage: the broker released due timers more slowly than they fell due"
         } else {
             "the TTL levels: the broker moved due timers out of the levels more slowly than they fell due"
         };

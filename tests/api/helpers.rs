@@ -137,16 +137,9 @@ pub fn url_encode(s: &str) -> String {
 
 /// GET on the management API, as JSON.
 pub async fn api_get(path: &str) -> Value {
-    let resp = management()
-        .get(format!("{MANAGEMENT}{path}"))
-        .basic_auth("guest", Some("guest"))
-        .send()
+    api_get_opt(path)
         .await
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-    assert!(resp.status().is_success(), "GET {path}: {}", resp.status());
-    resp.json()
-        .await
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .unwrap_or_else(|| panic!("GET {path}: 404 Not Found"))
 }
 
 /// GET on the management API, as JSON; `None` on 404.

@@ -216,8 +216,20 @@ async fn two_instances_share_the_work_without_double_effects() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_amqp_input_is_parked_and_consumption_goes_on() {
-    let app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
+async fn hostile_amqp_input_is_parked_and_consumption_goes_on_ttl() {
+    run(Backend::Sqlite, DelayMode::Ttl, hostile_amqp_input).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_amqp_input_is_parked_and_consumption_goes_on_plugin() {
+    run(Backend::Sqlite, DelayMode::Plugin, hostile_amqp_input).await
+}
+
+/// Garbage at the entry is parked by the router before any delay (nothing of
+/// it waits in the delay stage); garbage put straight into a work queue is
+/// parked by the consumer.
+async fn hostile_amqp_input(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
     let json_props = |headers: FieldTable| {
         BasicProperties::default()
             .with_content_type("application/json".into())
@@ -303,6 +315,11 @@ async fn hostile_amqp_input_is_parked_and_consumption_goes_on() {
     ];
     expected.sort();
     assert_eq!(reasons, expected);
+    assert_eq!(
+        app.stage_timers(mode).await,
+        0,
+        "nothing reached the delay stage"
+    );
     app.put_stock("A", 1).await;
     let id = app.order(&[("A", 1)], "1s").await;
     app.wait_status(&id, "cancelled", Duration::from_secs(6))

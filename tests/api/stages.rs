@@ -246,7 +246,7 @@ async fn x_delay_sign(backend: Backend, mode: DelayMode) {
 /// The plugin returns a `mandatory` publish to a delayed exchange as
 /// unroutable every time, and schedules it all the same (it routes when the
 /// delay ends): so the service never sets `mandatory`, and its own publishes
-/// into the same stage are confirmed without a return. The timer that waits is counted in
+/// into the same stage are confirmed without a return. The timers that wait are counted in
 /// `order_timeout_waiting_timers{stage="plugin"}`, and no ttl stage is reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_stage_never_mandatory_and_counted() {
