@@ -99,7 +99,7 @@ impl From<TransitionError> for ApiError {
     fn from(e: TransitionError) -> Self {
         match e {
             TransitionError::NotFound(id) => Self::not_found(format!("order {id} not found")),
-            TransitionError::Conflict { order, reason } => Self {
+            TransitionError::Conflict { order, reason, .. } => Self {
                 status: StatusCode::CONFLICT,
                 message: format!("order {} is {}: {reason}", order.id, order.status),
                 current: Some(order.status),
@@ -453,9 +453,19 @@ async fn order_action(
             ctx.events.order_changed(id, action);
             Ok(Json(order).into_response())
         }
-        Err(TransitionError::Conflict { order, reason }) => {
-            ctx.events.action_refused(id, action, order.status);
-            Err(TransitionError::Conflict { order, reason }.into())
+        Err(TransitionError::Conflict {
+            order,
+            reason,
+            late_payment,
+        }) => {
+            ctx.events
+                .action_refused(id, action, order.status, late_payment);
+            Err(TransitionError::Conflict {
+                order,
+                reason,
+                late_payment,
+            }
+            .into())
         }
         Err(e) => Err(e.into()),
     }
@@ -483,6 +493,10 @@ async fn healthz() -> Response {
 )]
 async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
     let database = db::ping(&ctx.db).await;
+    // The cause goes to the log; anonymous callers get a fixed sentence, not
+    // the driver's text (host names, database and user names).
+    ctx.events
+        .database_checked(database.as_ref().err().map(|e| e.to_string()).as_deref());
     let broker = ctx.health.broker();
     let broker_ok = broker.iter().all(|(_, up)| *up);
     let ready = database.is_ok() && broker_ok;
@@ -490,7 +504,7 @@ async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
         "status": if ready { "ready" } else { "unready" },
         "database": match &database {
             Ok(()) => json!({ "ok": true, "backend": db::backend_name(&ctx.db) }),
-            Err(e) => json!({ "ok": false, "error": e.to_string() }),
+            Err(_) => json!({ "ok": false, "error": "the database did not answer; the service log says why" }),
         },
         "broker": {
             "ok": broker_ok,

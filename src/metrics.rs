@@ -59,6 +59,8 @@ pub struct Events {
     waiting_timers: Family<Labels1, Gauge>,
     /// Whether the last read of the delay stages failed (logged on change only).
     stages_unreadable: AtomicBool,
+    /// Whether the last readiness check found the database down (logged on change only).
+    database_unready: AtomicBool,
 }
 
 fn new_lateness_histogram() -> Histogram {
@@ -214,6 +216,7 @@ impl Events {
             redelayed,
             waiting_timers,
             stages_unreadable: AtomicBool::new(false),
+            database_unready: AtomicBool::new(false),
         })
     }
 
@@ -247,13 +250,21 @@ impl Events {
         tracing::info!(order_id = %id, action = action_name(action), outcome = "done", "order changed");
     }
 
-    /// A client's action was refused by the order's state. A payment refused
-    /// because the order is cancelled is a late payment: money may have been taken.
-    pub fn action_refused(&self, id: OrderId, action: Action, status: OrderStatus) {
+    /// A client's action was refused by the order's state. `late_payment`: it
+    /// was the first payment after a timeout cancelled the order, recorded as
+    /// its late payment (money may have been taken: refund it); counted once
+    /// per order, not per retry.
+    pub fn action_refused(
+        &self,
+        id: OrderId,
+        action: Action,
+        status: OrderStatus,
+        late_payment: bool,
+    ) {
         self.actions
             .get_or_create(&[("action", action_name(action)), ("outcome", "refused")])
             .inc();
-        if action == Action::Pay && status == OrderStatus::Cancelled {
+        if late_payment {
             self.late_payments.inc();
             tracing::warn!(order_id = %id, status = status.as_str(), outcome = "late_payment", "late payment for a cancelled order; refund it");
         } else {
@@ -404,6 +415,23 @@ impl Events {
                 error,
                 "cannot read the timers waiting in the delay stages (amqp.management_url); the waiting_timers gauge is withdrawn until it can"
             );
+        }
+    }
+
+    /// `/readyz` checked the database: `Some(error)` when it did not answer.
+    /// Logged when the answer changes, not on every probe.
+    pub fn database_checked(&self, error: Option<&str>) {
+        match error {
+            Some(error) => {
+                if !self.database_unready.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error, "readiness: the database does not answer");
+                }
+            }
+            None => {
+                if self.database_unready.swap(false, Ordering::Relaxed) {
+                    tracing::info!("readiness: the database answers again");
+                }
+            }
         }
     }
 

@@ -392,7 +392,7 @@ impl Settings {
         let get = |key: &str| values.get(key).map(String::as_str).unwrap_or_default();
         let settings = Settings {
             database: DatabaseSettings {
-                url: Secret::new(non_empty("database.url", get("database.url"))?),
+                url: Secret::new(parse_database_url("database.url", get("database.url"))?),
                 max_connections: parse_range(
                     "database.max_connections",
                     get("database.max_connections"),
@@ -785,16 +785,93 @@ pub fn parse_window(key: &str, value: &str) -> Result<Duration, SettingsError> {
     parse_duration(key, value, Duration::from_millis(1), MAX_DELAY)
 }
 
+/// What to do about a URL that does not parse: reserved characters in a
+/// password are the usual cause.
+const ENCODE_HINT: &str =
+    "percent-encode reserved characters (: / ? # [ ] @ %) in the user name and password";
+
+/// `amqp.url`, checked with the parser the AMQP client itself uses, so that
+/// no URL reaches the client that it would refuse with an error quoting it
+/// whole (password included) on every reconnect.
 fn parse_amqp_url(key: &str, value: &str) -> Result<String, SettingsError> {
-    let url = url::Url::parse(value)
-        .map_err(|e| invalid(key, format!("'{}' is not a URL ({e})", redact_url(value))))?;
+    let redacted = redact_url(value);
+    let url = url::Url::parse(value).map_err(|e| {
+        invalid(
+            key,
+            format!("'{redacted}' is not a URL ({e}); {ENCODE_HINT}"),
+        )
+    })?;
     if url.scheme() != "amqp" && url.scheme() != "amqps" {
         return Err(invalid(
             key,
             format!("scheme '{}' (expected amqp:// or amqps://)", url.scheme()),
         ));
     }
+    // The client's own error text quotes the URL: say what is wrong without it.
+    if url.cannot_be_a_base() || value.parse::<lapin::uri::AMQPUri>().is_err() {
+        return Err(invalid(
+            key,
+            format!(
+                "'{redacted}' is not an AMQP URL (amqp://user:password@host:port/vhost); {ENCODE_HINT}"
+            ),
+        ));
+    }
     Ok(value.to_string())
+}
+
+/// `database.url`: `sqlite:…`, `postgres://…` or `mysql://…`, with a host. The
+/// database library quotes a URL it cannot parse or has no driver for whole,
+/// password included: such a URL stops start-up here, redacted.
+fn parse_database_url(key: &str, value: &str) -> Result<String, SettingsError> {
+    let value = non_empty(key, value)?;
+    if value.starts_with("sqlite:") {
+        return Ok(value);
+    }
+    let redacted = redact_url(&value);
+    let url = url::Url::parse(&value).map_err(|e| {
+        invalid(
+            key,
+            format!("'{redacted}' is not a URL ({e}); {ENCODE_HINT}"),
+        )
+    })?;
+    match url.scheme() {
+        "postgres" | "postgresql" | "mysql" => {}
+        "mariadb" => {
+            return Err(invalid(
+                key,
+                format!("'{redacted}': MariaDB is reached with mysql://, not mariadb://"),
+            ));
+        }
+        other => {
+            return Err(invalid(
+                key,
+                format!("scheme '{other}' (expected sqlite:, postgres:// or mysql://)"),
+            ));
+        }
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid(
+            key,
+            format!("'{redacted}' has no host; {ENCODE_HINT}"),
+        ));
+    }
+    Ok(value)
+}
+
+/// `text` (a library's error message) with the secrets of `raw_url` replaced
+/// by `***`: the URL itself, and its password as written and decoded. The last
+/// line of defence behind the checks above, for errors quoting what they got.
+pub fn scrub_url(text: &str, raw_url: &str) -> String {
+    let mut out = text.replace(raw_url, &redact_url(raw_url));
+    if let Ok(url) = url::Url::parse(raw_url)
+        && let Some(password) = url.password().filter(|p| !p.is_empty())
+    {
+        let decoded = percent_encoding::percent_decode_str(password).decode_utf8_lossy();
+        out = out
+            .replace(password, "***")
+            .replace(decoded.as_ref(), "***");
+    }
+    out
 }
 
 /// `amqp.management_url`: `off`; empty for the broker's host over http on
@@ -1018,6 +1095,50 @@ mod tests {
         .unwrap()
         .describe();
         assert!(!format!("{shown:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn urls_that_libraries_would_quote_whole_stop_here_redacted() {
+        for (var, value) in [
+            ("ORDER_TIMEOUT__DATABASE__URL", "mariadb://u:hunter2pw@h/db"),
+            (
+                "ORDER_TIMEOUT__DATABASE__URL",
+                "postgres://u:hunter2#pw@h/db",
+            ),
+            (
+                "ORDER_TIMEOUT__DATABASE__URL",
+                "postgres://u:hunter2?pw@h/db",
+            ),
+            (
+                "ORDER_TIMEOUT__DATABASE__URL",
+                "postgres://u:hunter2/pw@h/db",
+            ),
+            ("ORDER_TIMEOUT__DATABASE__URL", "oracle://u:hunter2pw@h/db"),
+            ("ORDER_TIMEOUT__AMQP__URL", "amqp:u:hunter2pw@h"),
+            ("ORDER_TIMEOUT__AMQP__URL", "amqp://u:hunter2#pw@h:5672/%2f"),
+        ] {
+            let err = load(&[(var, value)]).unwrap_err().to_string();
+            assert!(!err.contains("hunter2"), "{value}: {err}");
+            let key = if var.contains("DATABASE") {
+                "database.url"
+            } else {
+                "amqp.url"
+            };
+            assert!(err.contains(&format!("`{key}`")), "{value}: {err}");
+        }
+        // Well-formed URLs pass, percent-encoded passwords included.
+        for url in [
+            "postgres://u:p%23w@h/db",
+            "mysql://root@127.0.0.1:3306/x",
+            "sqlite::memory:",
+        ] {
+            load(&[("ORDER_TIMEOUT__DATABASE__URL", url)]).unwrap();
+        }
+        let scrubbed = scrub_url(
+            "error with 'postgres://u:p%23w@h/db' and p#w",
+            "postgres://u:p%23w@h/db",
+        );
+        assert_eq!(scrubbed, "error with 'postgres://u:***@h/db' and ***");
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub mod orders {
         pub cancelled_at_ms: Option<i64>,
         /// When the fulfillment timeout flagged it as not shipped in time.
         pub fulfillment_overdue_at_ms: Option<i64>,
+        /// When a payment first came for it after a timeout had cancelled it.
+        pub late_payment_at_ms: Option<i64>,
         /// Incremented by every transition.
         pub version: i32,
         /// Last change.

@@ -14,7 +14,9 @@ use crate::settings::DatabaseSettings;
 /// Connects to the configured database.
 ///
 /// SQLite gets WAL (readers never block the writer), `synchronous = NORMAL`
-/// (durable at every checkpoint, safe with WAL), foreign keys, a busy timeout,
+/// (no fsync per commit: a process crash loses nothing, but a power cut or OS
+/// crash may take back the last commits; the README says what that means),
+/// foreign keys, a busy timeout,
 /// and a single pooled connection: SQLite has one writer anyway, and one
 /// connection means no `database is locked` between our own transactions.
 pub async fn connect(settings: &DatabaseSettings) -> Result<DatabaseConnection, DbErr> {
@@ -37,7 +39,10 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<DatabaseConnection, 
     } else {
         options.max_connections(settings.max_connections);
     }
-    Database::connect(options).await
+    // A driver's error may quote the URL it was given: never with its password.
+    Database::connect(options)
+        .await
+        .map_err(|e| DbErr::Custom(crate::settings::scrub_url(&e.to_string(), url)))
 }
 
 /// Applies pending migrations.

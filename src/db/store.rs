@@ -90,6 +90,11 @@ pub struct OrderView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub cancelled_at: Option<Millis>,
+    /// When a payment first came after a timeout had cancelled the order: a
+    /// refund is due. Recorded once, however often the client retries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub late_payment_at: Option<Millis>,
     /// The audit trail, oldest first, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit: Option<Vec<AuditView>>,
@@ -209,6 +214,9 @@ pub enum TransitionError {
         order: Box<OrderView>,
         /// Why, for the error message.
         reason: String,
+        /// This refused payment is the order's late payment, recorded now (the
+        /// first payment after a timeout cancelled it).
+        late_payment: bool,
     },
     /// The database failed.
     #[error(transparent)]
@@ -354,6 +362,7 @@ pub async fn checkout(
         completed_at_ms: Set(None),
         cancelled_at_ms: Set(None),
         fulfillment_overdue_at_ms: Set(None),
+        late_payment_at_ms: Set(None),
         version: Set(0),
         updated_at_ms: Set(now.0),
         ..Default::default()
@@ -492,8 +501,33 @@ pub async fn act(
         // It is conditional too, so a consumer doing the same at once is harmless.
         apply_expiry(&txn, TimeoutKind::Payment, &[id], now, Cause::Timeout).await?;
     }
+    // A late payment is recorded once per order, and only for an order that a
+    // timeout (its message or the sweeper) cancelled: a retry, or a payment for
+    // an order the buyer cancelled, is a plain conflict. One conditional UPDATE;
+    // its row count says whether this payment is the order's late payment.
+    let late_payment = action == Action::Pay
+        && orders::Entity::update_many()
+            .col_expr(orders::Column::LatePaymentAtMs, Expr::value(now.0))
+            .filter(orders::Column::Id.eq(id.get()))
+            .filter(orders::Column::Status.eq(OrderStatus::Cancelled.as_str()))
+            .filter(orders::Column::LatePaymentAtMs.is_null())
+            .filter(
+                orders::Column::Id.in_subquery(
+                    sea_orm::sea_query::Query::select()
+                        .column(order_events::Column::OrderId)
+                        .from(order_events::Entity)
+                        .and_where(order_events::Column::OrderId.eq(id.get()))
+                        .and_where(order_events::Column::Event.eq(OrderStatus::Cancelled.as_str()))
+                        .and_where(order_events::Column::Cause.ne(Cause::Api.as_str()))
+                        .to_owned(),
+                ),
+            )
+            .exec(&txn)
+            .await?
+            .rows_affected
+            == 1;
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
-    let reason = if action == Action::Pay && order.status == OrderStatus::Cancelled {
+    let reason = if late_payment {
         let detail = format!(
             "payment at {} for an order cancelled at {}; refund it",
             now.to_rfc3339(),
@@ -519,6 +553,12 @@ pub async fn act(
             "the payment window closed at {}; a refund is due if money was taken",
             order.pay_deadline.to_rfc3339()
         )
+    } else if let (Action::Pay, Some(first)) = (action, order.late_payment_at) {
+        format!(
+            "the payment window closed at {}; a late payment was already recorded at {}",
+            order.pay_deadline.to_rfc3339(),
+            first.to_rfc3339()
+        )
     } else {
         format!("only a {from} order can become {to}")
     };
@@ -526,6 +566,7 @@ pub async fn act(
     Err(TransitionError::Conflict {
         order: Box::new(order),
         reason,
+        late_payment,
     })
 }
 
@@ -880,6 +921,7 @@ fn view(o: orders::Model, items: Vec<ItemView>) -> OrderView {
         paid_at: o.paid_at_ms.map(Millis),
         ship_deadline: o.ship_deadline_ms.map(Millis),
         fulfillment_overdue_at: o.fulfillment_overdue_at_ms.map(Millis),
+        late_payment_at: o.late_payment_at_ms.map(Millis),
         shipped_at: o.shipped_at_ms.map(Millis),
         confirm_deadline: o.confirm_deadline_ms.map(Millis),
         completed_at: o.completed_at_ms.map(Millis),

@@ -64,10 +64,26 @@ async fn unpaid_is_cancelled_paid_stays(backend: Backend, mode: DelayMode) {
     assert_eq!(still["status"], "paid");
     assert_eq!(app.stock("A").await["sold"], 3);
 
-    // Paying the cancelled order is refused, naming the status.
-    let (status, body) = app.post(&unpaid, "pay").await;
-    assert_eq!(status, 409, "{body}");
-    assert_eq!(body["status"], "cancelled");
+    // Paying the cancelled order is refused, naming the status, and recorded
+    // as a late payment (a refund is due) once, however often it is retried.
+    for _ in 0..3 {
+        let (status, body) = app.post(&unpaid, "pay").await;
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["status"], "cancelled");
+    }
+    let order = app.order_with_audit(&unpaid).await;
+    let late: Vec<&serde_json::Value> = order["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "late_payment")
+        .collect();
+    assert_eq!(late.len(), 1, "{order}");
+    assert!(
+        late[0]["detail"].as_str().unwrap().contains("refund"),
+        "{order}"
+    );
+    assert!(order["late_payment_at"].is_string(), "{order}");
     assert_eq!(
         app.metric("order_timeout_late_payments_total", &[]).await,
         1.0

@@ -128,6 +128,12 @@ async fn database_outage_pauses_consumers_and_resumes() {
     assert_eq!(resp.status(), 503);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["database"]["ok"], false, "{body}");
+    // Anonymous callers learn that it is down, not the driver's text about it.
+    assert_eq!(
+        body["database"]["error"], "the database did not answer; the service log says why",
+        "{body}"
+    );
+    assert!(!body.to_string().contains(&name), "{body}");
     tokio::time::sleep(Duration::from_secs(4).saturating_sub(outage.elapsed())).await;
     let pauses = app
         .metric("order_timeout_consumer_pauses_total", &["role=\"payment\""])

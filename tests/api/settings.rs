@@ -32,6 +32,72 @@ fn wrong_settings_stop_start_up_naming_the_key() {
     }
 }
 
+/// URLs the database library or the AMQP client would refuse with an error
+/// quoting them whole, password included: every command stops at start-up,
+/// naming the key, and prints the URL only redacted.
+#[test]
+fn malformed_urls_never_print_their_password_in_any_command() {
+    let commands: [&[&str]; 5] = [
+        &["serve"],
+        &["migrate", "status"],
+        &["doctor"],
+        &["schedule", "--order-id", "1", "--in", "1s"],
+        &["demo"],
+    ];
+    let urls = [
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "mariadb://shop:hunter2pw@127.0.0.1/shop",
+            "database.url",
+        ),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://shop:hunter2#pw@127.0.0.1/shop",
+            "database.url",
+        ),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://shop:hunter2?pw@127.0.0.1/shop",
+            "database.url",
+        ),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://shop:hunter2/pw@127.0.0.1/shop",
+            "database.url",
+        ),
+        (
+            "ORDER_TIMEOUT__AMQP__URL",
+            "amqp:shop:hunter2pw@127.0.0.1",
+            "amqp.url",
+        ),
+        (
+            "ORDER_TIMEOUT__AMQP__URL",
+            "amqp://shop:hunter2#pw@127.0.0.1:5672/%2f",
+            "amqp.url",
+        ),
+    ];
+    for command in commands {
+        for (var, url, key) in urls {
+            let out = Command::new(BIN)
+                .args(command)
+                .env(var, url)
+                .output()
+                .expect("binary runs");
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.code(), Some(2), "{command:?} {url}: {all}");
+            assert!(
+                all.contains(&format!("`{key}`")),
+                "{command:?} {url}: {all}"
+            );
+            assert!(!all.contains("hunter2"), "{command:?} {url}: {all}");
+        }
+    }
+}
+
 #[test]
 fn secrets_never_reach_doctor_output() {
     let out = Command::new(BIN)
