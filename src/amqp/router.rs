@@ -129,8 +129,10 @@ async fn route_one(
                 &delivery.data,
                 // The publisher's properties travel on (message_id, timestamp,
                 // headers), with `x-delay` written back as the 64-bit integer
-                // that was validated: the plugin delivers at once a delay whose
-                // AMQP type it does not take as an integer (a timestamp, say).
+                // that was validated (the plugin delivers at once a delay whose
+                // AMQP type it does not take as an integer, a timestamp say),
+                // persistent, and without `expiration` or `user_id`: see
+                // `wire::with_delay`.
                 wire::with_delay(&delivery.properties, route.delay_ms),
             )
             .await?;

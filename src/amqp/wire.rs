@@ -35,6 +35,10 @@ pub const X_PARKED_BY: &str = "x-parked-by";
 pub const X_ORIGINAL_EXCHANGE: &str = "x-original-exchange";
 /// See [`X_ORIGINAL_EXCHANGE`].
 pub const X_ORIGINAL_ROUTING_KEY: &str = "x-original-routing-key";
+/// A parked message's original `expiration`, which its copy does not carry.
+pub const X_ORIGINAL_EXPIRATION: &str = "x-original-expiration";
+/// A parked message's original `user_id`, which its copy does not carry.
+pub const X_ORIGINAL_USER_ID: &str = "x-original-user-id";
 
 /// Why a message was parked; the label is a metric label and the header value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -279,23 +283,77 @@ pub fn properties(
         .with_headers(FieldTable::from(headers))
 }
 
-/// The same properties with `x-delay` set to `delay_ms`, as a 64-bit signed
-/// integer (the plugin's `long`; it reads every signed and unsigned integer
-/// width, but no other type).
-pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties {
-    let mut headers = original
+/// A publisher's properties as the service publishes them again (into the
+/// delay stage, or parked): persistent whatever the publisher said (a timer
+/// and a parked message must survive a broker restart), without `expiration`
+/// (a per-message TTL would let the timer expire, early from a TTL level or
+/// for good from a work queue, which has no dead-letter exchange), and without
+/// `user_id` (the broker refuses a publish whose `user_id` is not the
+/// publishing connection's user, closing the channel: one such message would
+/// be redelivered and refused for ever) or the deprecated `cluster_id`.
+/// Everything else travels on; the headers are passed in.
+fn forwardable(
+    original: &BasicProperties,
+    headers: BTreeMap<ShortString, AMQPValue>,
+) -> BasicProperties {
+    let mut out = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(FieldTable::from(headers));
+    if let Some(v) = original.content_type() {
+        out = out.with_content_type(v.clone());
+    }
+    if let Some(v) = original.content_encoding() {
+        out = out.with_content_encoding(v.clone());
+    }
+    if let Some(v) = original.priority() {
+        out = out.with_priority(*v);
+    }
+    if let Some(v) = original.correlation_id() {
+        out = out.with_correlation_id(v.clone());
+    }
+    if let Some(v) = original.reply_to() {
+        out = out.with_reply_to(v.clone());
+    }
+    if let Some(v) = original.message_id() {
+        out = out.with_message_id(v.clone());
+    }
+    if let Some(v) = original.timestamp() {
+        out = out.with_timestamp(*v);
+    }
+    if let Some(v) = original.kind() {
+        out = out.with_type(v.clone());
+    }
+    if let Some(v) = original.app_id() {
+        out = out.with_app_id(v.clone());
+    }
+    out
+}
+
+/// The original's headers, as a map to add to.
+fn headers_of(original: &BasicProperties) -> BTreeMap<ShortString, AMQPValue> {
+    original
         .headers()
         .clone()
         .map(|h| h.inner().clone())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// A validated message's properties as the router sends it into the delay
+/// stage ([`forwardable`]), with `x-delay` set to `delay_ms` as a 64-bit
+/// signed integer (the plugin's `long`; it reads every signed and unsigned
+/// integer width, but no other type, and delivers any other at once).
+pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties {
+    let mut headers = headers_of(original);
     headers.insert(
         X_DELAY.into(),
         AMQPValue::LongLongInt(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
     );
-    original.clone().with_headers(FieldTable::from(headers))
+    forwardable(original, headers)
 }
 
-/// The properties of a parked copy: everything the original had, plus why.
+/// The properties of a parked copy: what the original had ([`forwardable`]:
+/// persistent, no `expiration`, no `user_id`; those two are kept as headers,
+/// as evidence), plus why.
 pub fn parked_properties(
     original: &BasicProperties,
     park: &Park,
@@ -304,11 +362,7 @@ pub fn parked_properties(
     routing_key: &str,
     now: Millis,
 ) -> BasicProperties {
-    let mut headers = original
-        .headers()
-        .clone()
-        .map(|h| h.inner().clone())
-        .unwrap_or_default();
+    let mut headers = headers_of(original);
     let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
     headers.insert(X_PARKED_REASON.into(), text(park.reason.as_str()));
     headers.insert(X_PARKED_DETAIL.into(), text(&truncate(&park.detail, 1000)));
@@ -319,11 +373,13 @@ pub fn parked_properties(
         X_ORIGINAL_ROUTING_KEY.into(),
         text(&truncate(routing_key, 200)),
     );
-    // Persistent, whatever the original said: a parked message is evidence.
-    original
-        .clone()
-        .with_delivery_mode(2)
-        .with_headers(FieldTable::from(headers))
+    if let Some(v) = original.expiration() {
+        headers.insert(X_ORIGINAL_EXPIRATION.into(), text(v.as_str()));
+    }
+    if let Some(v) = original.user_id() {
+        headers.insert(X_ORIGINAL_USER_ID.into(), text(v.as_str()));
+    }
+    forwardable(original, headers)
 }
 
 /// Reads a text header (long or short string).
@@ -459,18 +515,48 @@ mod tests {
     }
 
     #[test]
-    fn the_delay_goes_on_as_a_64_bit_integer_and_nothing_else_changes() {
+    fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersonate() {
         let mut headers = FieldTable::default();
         headers.insert(X_DELAY.into(), AMQPValue::Timestamp(1500));
         headers.insert("x-shop".into(), AMQPValue::LongInt(7));
         let original = BasicProperties::default()
             .with_message_id("m1".into())
+            .with_content_type("application/json".into())
+            .with_correlation_id("c1".into())
+            .with_delivery_mode(1)
+            .with_expiration("100".into())
+            .with_user_id("someone-else".into())
             .with_headers(headers);
         let sent = with_delay(&original, 1500);
-        let h = sent.headers().as_ref().unwrap().inner();
-        assert_eq!(h.get(X_DELAY), Some(&AMQPValue::LongLongInt(1500)));
-        assert_eq!(h.get("x-shop"), Some(&AMQPValue::LongInt(7)));
+        let h = sent.headers().as_ref();
+        assert_eq!(header_int(h, X_DELAY), Some(Ok(1500)));
+        assert!(matches!(
+            h.unwrap()
+                .inner()
+                .iter()
+                .find(|(k, _)| k.as_str() == X_DELAY),
+            Some((_, AMQPValue::LongLongInt(1500)))
+        ));
+        assert_eq!(header_int(h, "x-shop"), Some(Ok(7)));
         assert_eq!(sent.message_id(), original.message_id());
+        assert_eq!(sent.content_type(), original.content_type());
+        assert_eq!(sent.correlation_id(), original.correlation_id());
+        // Persistent, no per-message TTL, no foreign user id.
+        assert_eq!(sent.delivery_mode(), &Some(2));
+        assert_eq!(sent.expiration(), &None);
+        assert_eq!(sent.user_id(), &None);
+        let park = Park::new(ParkReason::InvalidBody, "bad");
+        let parked = parked_properties(&original, &park, "router", "x", "payment", Millis(0));
+        assert_eq!((parked.expiration(), parked.user_id()), (&None, &None));
+        let h = parked.headers().as_ref();
+        assert_eq!(
+            header_text(h, X_ORIGINAL_EXPIRATION).as_deref(),
+            Some("100")
+        );
+        assert_eq!(
+            header_text(h, X_ORIGINAL_USER_ID).as_deref(),
+            Some("someone-else")
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::helpers::*;
 
 matrix!(due_while_the_service_is_down);
+matrix!(publisher_expiration_never_drops_a_timer);
 
 /// A timer whose deadline passes while no service runs is handled when one
 /// starts: the message waited in its work queue, and the first consumer takes it.
@@ -47,6 +48,51 @@ async fn due_while_the_service_is_down(backend: Backend, mode: DelayMode) {
         cancelled - started < 5000,
         "handled {} ms after the service started",
         cancelled - started
+    );
+    assert_cancelled_once_by_timer(&next, &id).await;
+}
+
+/// A publisher's `expiration` (a per-message TTL) does not travel with its
+/// timer: the timer waits its whole delay in the stage, then waits in its work
+/// queue (which has no dead-letter exchange) until a consumer takes it, even
+/// when no service runs as it comes due.
+async fn publisher_expiration_never_drops_a_timer(backend: Backend, mode: DelayMode) {
+    let mut app =
+        spawn_app(Spawn::new(backend, mode).env("ORDER_TIMEOUT__RELAY__ENABLED", "false")).await;
+    app.put_stock("A", 1).await;
+    let id = app.order(&[("A", 1)], "3s").await;
+    let body = json!({"order_id": id, "kind": "payment"}).to_string();
+    let entry = app.names.entry().to_string();
+    // Had it travelled on, a 1 s TTL would expire it in the work queue soon
+    // after the plugin let it go: lost, with no dead-letter exchange behind.
+    // (In ttl mode it would leave the levels early, and RabbitMQ drops the
+    // expiration when it dead-letters, so there it only makes a timer early.)
+    let props = contract_properties(delay(3000)).with_expiration("1000".into());
+    app.publish_with(&entry, "payment", props, body.as_bytes())
+        .await;
+    app.wait_stage_timers(mode, 1, Duration::from_secs(2)).await;
+    app.stop().await;
+    // Due while nothing consumes: the timer waits in its work queue.
+    let work = app.names.work(order_timeout::domain::TimeoutKind::Payment);
+    wait_until(
+        Duration::from_secs(10),
+        "the timer in its work queue",
+        || async { (app.queue_depth(&work).await == 1).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        app.queue_depth(&work).await,
+        1,
+        "still there, past its expiration"
+    );
+    let next = app.spawn_variant(&[]).await;
+    let order = next
+        .wait_status(&id, "cancelled", Duration::from_secs(10))
+        .await;
+    assert!(
+        ms(&order, "cancelled_at") >= ms(&order, "pay_deadline"),
+        "never early"
     );
     assert_cancelled_once_by_timer(&next, &id).await;
 }
