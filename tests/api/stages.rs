@@ -10,6 +10,7 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
+use order_timeout::domain::TimeoutKind;
 use sea_orm::{ConnectionTrait, Statement};
 use serde_json::json;
 
@@ -27,16 +28,8 @@ async fn due_while_the_service_is_down(backend: Backend, mode: DelayMode) {
     // The relay has handed the timer to the delay stage before the service stops.
     app.wait_stage_timers(mode, 1, Duration::from_secs(5)).await;
     let deadline = ms(&app.get_order(&id).await, "pay_deadline");
-    app.stop().await;
-
-    // The deadline passes with no service running; the timer reaches its work queue.
-    let work = app.names.work(order_timeout::domain::TimeoutKind::Payment);
-    wait_until(
-        Duration::from_secs(10),
-        "the timer in its work queue",
-        || async { (app.queue_depth(&work).await == 1).then_some(()) },
-    )
-    .await;
+    // The deadline passes with no service running.
+    stop_until_due_unconsumed(&mut app).await;
     let started = chrono::Utc::now().timestamp_millis();
     let next = app.spawn_variant(&[]).await;
     let order = next
@@ -71,16 +64,9 @@ async fn publisher_expiration_never_drops_a_timer(backend: Backend, mode: DelayM
     app.publish_with(&entry, "payment", props, body.as_bytes())
         .await;
     app.wait_stage_timers(mode, 1, Duration::from_secs(2)).await;
-    app.stop().await;
-    // Due while nothing consumes: the timer waits in its work queue.
-    let work = app.names.work(order_timeout::domain::TimeoutKind::Payment);
-    wait_until(
-        Duration::from_secs(10),
-        "the timer in its work queue",
-        || async { (app.queue_depth(&work).await == 1).then_some(()) },
-    )
-    .await;
+    stop_until_due_unconsumed(&mut app).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
+    let work = app.names.work(TimeoutKind::Payment);
     assert_eq!(
         app.queue_depth(&work).await,
         1,
@@ -95,6 +81,19 @@ async fn publisher_expiration_never_drops_a_timer(backend: Backend, mode: DelayM
         "never early"
     );
     assert_cancelled_once_by_timer(&next, &id).await;
+}
+
+/// Stops the service and waits until its one payment timer has come due into
+/// the work queue, where nothing consumes it now.
+async fn stop_until_due_unconsumed(app: &mut TestApp) {
+    app.stop().await;
+    let work = app.names.work(TimeoutKind::Payment);
+    wait_until(
+        Duration::from_secs(10),
+        "the timer in its work queue",
+        || async { (app.queue_depth(&work).await == 1).then_some(()) },
+    )
+    .await;
 }
 
 /// The order was cancelled exactly once, by its timer (not the sweeper, not twice).
