@@ -2,8 +2,9 @@
 //! outbox, with publisher confirms, and deletes a row only when the broker has
 //! confirmed its message. Its timeouts are valid by construction, so they go
 //! straight into the delay stage of the mode in effect (the right TTL level, or
-//! the plugin's exchange): no ingest hop, no router hop. A checkout never publishes inside its transaction;
-//! with the broker down, rows wait here and go out when it is back.
+//! the plugin's exchange): no ingest hop, no router hop. A checkout never
+//! publishes inside its transaction; with the broker down, rows wait here and
+//! go out when it is back.
 //!
 //! A round publishes up to `relay.batch_size` rows without waiting between
 //! them, then collects the confirms, so the round trip is paid once per batch.
