@@ -128,21 +128,54 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// How long the demo waits for `/readyz`: a busy broker declaring the
+/// topology for the first time can take a while.
+const READY_WITHIN: Duration = Duration::from_secs(90);
+
+/// What `/readyz` said was not ready, in words.
+fn unready(answer: Option<&Value>) -> String {
+    let Some(answer) = answer else {
+        return "the HTTP API did not answer".into();
+    };
+    let mut missing = Vec::new();
+    if answer["database"]["ok"] != true {
+        missing.push("the database".to_string());
+    }
+    if let Some(roles) = answer["broker"]["connections"].as_object() {
+        let down: Vec<&str> = roles
+            .iter()
+            .filter(|(_, up)| **up != true)
+            .map(|(role, _)| role.as_str())
+            .collect();
+        if !down.is_empty() {
+            missing.push(format!("the broker connection of {}", down.join(", ")));
+        }
+    }
+    if missing.is_empty() {
+        "readiness flapped".into()
+    } else {
+        format!("not ready: {}", missing.join(" and "))
+    }
+}
+
 async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()?;
     let started = Instant::now();
-    while !http
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the service did not become ready (is RabbitMQ running?)"
-        );
+    loop {
+        let answer = match http.get(format!("{base}/readyz")).send().await {
+            Ok(resp) if resp.status().is_success() => break,
+            Ok(resp) => resp.json::<Value>().await.ok(),
+            Err(_) => None,
+        };
+        if started.elapsed() > READY_WITHIN {
+            anyhow::bail!(
+                "the service did not become ready within {} s: {} (is RabbitMQ running?)",
+                READY_WITHIN.as_secs(),
+                unready(answer.as_ref())
+            );
+        }
         style.progress("connecting to the broker and declaring the topology…");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

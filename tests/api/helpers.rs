@@ -191,8 +191,14 @@ pub fn rabbitmqctl(args: &str) {
 /// would; `only_service` keeps to those named `order-timeout …`. Returns how
 /// many it closed. A connection is listed once its first statistics are in.
 pub async fn close_connections(vhost: &str, only_service: bool) -> usize {
+    close_connections_named(vhost, only_service).await.len()
+}
+
+/// Closes the vhost's open connections and returns the client-given names of
+/// those the broker closed.
+pub async fn close_connections_named(vhost: &str, only_service: bool) -> Vec<String> {
     let connections = api_get(&format!("/vhosts/{}/connections", url_encode(vhost))).await;
-    let mut closed = 0;
+    let mut closed = Vec::new();
     for c in connections.as_array().into_iter().flatten() {
         let client_name = c["client_properties"]["connection_name"]
             .as_str()
@@ -210,10 +216,36 @@ pub async fn close_connections(vhost: &str, only_service: bool) -> usize {
             .send()
             .await;
         if resp.is_ok_and(|r| r.status().is_success()) {
-            closed += 1;
+            closed.push(client_name.to_string());
         }
     }
     closed
+}
+
+/// Closes one connection of each of the service's broker roles (relay,
+/// router, consumer). The management API lists a connection only once its
+/// first statistics are in, and a role that was just closed reconnects after a
+/// backoff, so the roles are closed as they appear, not all in one sweep.
+pub async fn close_each_service_connection(vhost: &str) {
+    const ROLES: [&str; 3] = ["relay", "router", "consumer"];
+    let within = Duration::from_secs(45);
+    let start = Instant::now();
+    let mut closed = std::collections::HashSet::new();
+    loop {
+        for name in close_connections_named(vhost, true).await {
+            if let Some(role) = name.rsplit(' ').next() {
+                closed.insert(role.to_string());
+            }
+        }
+        if ROLES.iter().all(|r| closed.contains(*r)) {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?} closing each role's connection; closed {closed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 pub fn management() -> reqwest::Client {

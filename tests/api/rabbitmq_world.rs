@@ -441,7 +441,7 @@ async fn every_documented_metric_after_a_timeout_cycle() {
     assert_eq!(metric("order_timeout_outbox_backlog", &[]).await, 0.0);
     // The held message is unacked: closing the consumer's connection makes the
     // broker redeliver it, flagged. Every role reconnects.
-    assert!(close_connections(&app.vhost, false).await >= 3);
+    close_each_service_connection(&app.vhost).await;
     app.wait_status(&held, "cancelled", Duration::from_secs(15))
         .await;
     let (status, _) = app.post(&cancelled, "pay").await;

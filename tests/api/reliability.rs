@@ -50,13 +50,7 @@ async fn broker_connections_killed_mid_flow() {
     }
     for _ in 0..2 {
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        // The management API lists a connection once its first statistics are in.
-        wait_until(
-            Duration::from_secs(15),
-            "the service's named connections closed",
-            || async { (close_connections(&app.vhost, true).await >= 3).then_some(()) },
-        )
-        .await;
+        close_each_service_connection(&app.vhost).await;
     }
     for id in &ids {
         app.wait_status(id, "cancelled", Duration::from_secs(30))
