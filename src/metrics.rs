@@ -14,8 +14,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::amqp::wire::Park;
-use crate::db::store::Action;
-use crate::domain::{OrderId, OrderStatus, TimeoutKind};
+use crate::db::store::{Action, OutboxState};
+use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
 
 fn action_name(action: Action) -> &'static str {
     match action {
@@ -51,6 +51,7 @@ pub struct Events {
     outbox_publish_failures: Counter,
     outbox_backlog: Gauge,
     outbox_oldest_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    outbox_set_aside: Gauge,
     consumer_pauses: Family<Labels1, Counter>,
     broker_connects: Family<Labels1, Counter>,
     broker_disconnects: Family<Labels1, Counter>,
@@ -157,6 +158,12 @@ impl Events {
             "Age of the oldest unpublished outbox row",
             outbox_oldest_age.clone(),
         );
+        let outbox_set_aside = Gauge::default();
+        registry.register(
+            "outbox_set_aside",
+            "Outbox rows set aside for an operator (refused by the broker too often, or unpublishable); the sweeper still keeps their deadlines",
+            outbox_set_aside.clone(),
+        );
         let consumer_pauses = Family::<Labels1, Counter>::default();
         registry.register(
             "consumer_pauses",
@@ -209,6 +216,7 @@ impl Events {
             outbox_publish_failures,
             outbox_backlog,
             outbox_oldest_age,
+            outbox_set_aside,
             consumer_pauses,
             broker_connects,
             broker_disconnects,
@@ -364,16 +372,49 @@ impl Events {
         tracing::debug!(rows = n, "outbox rows published");
     }
 
-    /// Outbox rows were not confirmed.
+    /// Outbox rows were not confirmed; they are tried again after a wait.
     pub fn outbox_failed(&self, n: u64, error: &str) {
         self.outbox_publish_failures.inc_by(n);
         tracing::warn!(rows = n, error, "outbox publish not confirmed; will retry");
     }
 
-    /// The outbox backlog now.
-    pub fn outbox_backlog(&self, rows: u64, oldest_age: Duration) {
-        self.outbox_backlog.set(rows as i64);
-        self.outbox_oldest_age.set(oldest_age.as_secs_f64());
+    /// Outbox rows were set aside; no relay takes them again.
+    pub fn outbox_set_aside(&self, ids: &[i64], reason: &str) {
+        self.outbox_set_aside.inc_by(ids.len() as i64);
+        tracing::error!(
+            outbox_ids = ?ids,
+            reason,
+            "outbox rows set aside: no relay publishes them again (the sweeper still applies their timeouts); see the README to put them back"
+        );
+    }
+
+    /// The outbox now.
+    pub fn outbox_backlog(&self, state: OutboxState, now: Millis) {
+        self.outbox_backlog.set(state.waiting as i64);
+        let age = state.oldest.map(|o| now.since(o)).unwrap_or_default();
+        self.outbox_oldest_age.set(age.as_secs_f64());
+        self.outbox_set_aside.set(state.set_aside as i64);
+    }
+
+    /// The database answered but refused a batch of `size` timeouts: it is
+    /// halved, to find the order it refuses.
+    pub fn batch_split(&self, kind: TimeoutKind, size: usize, error: &str) {
+        tracing::warn!(
+            kind = kind.as_str(),
+            size,
+            error,
+            "the database refused a batch of timeouts; deciding each half on its own"
+        );
+    }
+
+    /// The database refused one order's timeout in a sweep; the next sweep tries again.
+    pub fn sweeper_refused(&self, kind: TimeoutKind, id: OrderId, error: &str) {
+        tracing::error!(
+            order_id = %id,
+            kind = kind.as_str(),
+            error,
+            "the database refused this order's timeout; the next sweep tries again"
+        );
     }
 
     /// The database failed; `role` pauses for `backoff`.

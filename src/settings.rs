@@ -54,6 +54,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("relay.enabled", "true"),
     ("relay.batch_size", "500"),
     ("relay.interval", "200ms"),
+    ("relay.max_attempts", "10"),
     ("sweeper.enabled", "true"),
     ("sweeper.interval", "30s"),
     ("sweeper.grace", "60s"),
@@ -246,6 +247,8 @@ pub struct RelaySettings {
     pub batch_size: u64,
     /// Pause between rounds when the outbox is empty.
     pub interval: Duration,
+    /// Refusals by the broker after which an outbox row is set aside.
+    pub max_attempts: i32,
 }
 
 /// `sweeper.*`
@@ -470,7 +473,7 @@ impl Settings {
                     "consumer.batch_size",
                     get("consumer.batch_size"),
                     1,
-                    10_000,
+                    MAX_BATCH as usize,
                 )?,
                 batch_wait: parse_duration(
                     "consumer.batch_wait",
@@ -487,12 +490,18 @@ impl Settings {
             },
             relay: RelaySettings {
                 enabled: parse_bool("relay.enabled", get("relay.enabled"))?,
-                batch_size: parse_range("relay.batch_size", get("relay.batch_size"), 1, 100_000)?,
+                batch_size: parse_range("relay.batch_size", get("relay.batch_size"), 1, MAX_BATCH)?,
                 interval: parse_duration(
                     "relay.interval",
                     get("relay.interval"),
                     Duration::from_millis(1),
                     Duration::from_secs(60),
+                )?,
+                max_attempts: parse_range(
+                    "relay.max_attempts",
+                    get("relay.max_attempts"),
+                    1,
+                    1000,
                 )?,
             },
             sweeper: SweeperSettings {
@@ -513,7 +522,7 @@ impl Settings {
                     "sweeper.batch_size",
                     get("sweeper.batch_size"),
                     1,
-                    100_000,
+                    MAX_BATCH,
                 )?,
             },
             log: LogSettings {
@@ -605,6 +614,7 @@ impl Settings {
                 "relay.interval",
                 humantime::format_duration(d.relay.interval).to_string(),
             ),
+            ("relay.max_attempts", d.relay.max_attempts.to_string()),
             ("sweeper.enabled", d.sweeper.enabled.to_string()),
             (
                 "sweeper.interval",
@@ -740,6 +750,12 @@ fn parse_bool(key: &str, value: &str) -> Result<bool, SettingsError> {
         _ => Err(invalid(key, format!("'{value}' (expected true or false)"))),
     }
 }
+
+/// Largest batch a setting may ask for: one transaction's worth. Statements
+/// are cut into lists the databases accept (`store::LIST_CHUNK`) whatever the
+/// batch, but a batch is one transaction, and a longer one holds its locks
+/// longer.
+pub const MAX_BATCH: u64 = 10_000;
 
 fn parse_range<T>(key: &str, value: &str, min: T, max: T) -> Result<T, SettingsError>
 where

@@ -11,8 +11,11 @@ use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::Context;
-use crate::db::store::{self, Cause, ExpiryOutcome};
-use crate::domain::{Millis, TimeoutKind};
+use crate::db::{
+    self,
+    store::{self, Cause, ExpiryOutcome},
+};
+use crate::domain::{Millis, OrderId, TimeoutKind};
 
 /// Sweeps every interval until shutdown.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
@@ -29,28 +32,77 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     }
 }
 
-/// One sweep over every kind; returns how many orders it caught.
+/// One sweep over every kind; returns how many orders it caught. Each kind is
+/// swept on its own: one that fails does not keep the others from their turn.
+/// Errs (after every kind had its turn) only when the database is away.
 pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
+    let mut caught = 0;
+    let mut failed = None;
+    for kind in TimeoutKind::ALL {
+        match sweep_kind(ctx, kind, now).await {
+            Ok(n) => caught += n,
+            Err(e) => failed = Some(e),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(caught),
+    }
+}
+
+/// Sweeps one kind, a page at a time, oldest deadline first. Pages follow each
+/// other by `(deadline, id)`, so an order the database refuses is passed over
+/// in this sweep (and tried again in the next), not taken again and again.
+async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64, DbErr> {
     let settings = &ctx.settings.sweeper;
     let before = now.minus(settings.grace);
     let mut caught = 0;
-    for kind in TimeoutKind::ALL {
-        loop {
-            let ids = store::overdue(&ctx.db, kind, before, settings.batch_size).await?;
-            if ids.is_empty() {
-                break;
-            }
-            let now = Millis::now();
-            let outcomes = store::expire(&ctx.db, kind, &ids, now, Cause::Sweeper).await?;
-            for (id, outcome) in &outcomes {
-                if let ExpiryOutcome::Applied { deadline } = outcome {
-                    caught += 1;
-                    ctx.events
-                        .sweeper_catch(kind, *id, now.signed_since(*deadline));
+    let mut after = None;
+    loop {
+        let page = store::overdue(&ctx.db, kind, before, after, settings.batch_size).await?;
+        let Some(&last) = page.last() else {
+            return Ok(caught);
+        };
+        after = Some(last);
+        let ids: Vec<OrderId> = page.iter().map(|(id, _)| *id).collect();
+        caught += expire_isolating(ctx, kind, ids).await?;
+        if (page.len() as u64) < settings.batch_size {
+            return Ok(caught);
+        }
+    }
+}
+
+/// Applies a page; when the database answers but refuses it, halves it down
+/// to the orders it refuses, which are logged and left for the next sweep.
+async fn expire_isolating(
+    ctx: &Context,
+    kind: TimeoutKind,
+    ids: Vec<OrderId>,
+) -> Result<u64, DbErr> {
+    let mut caught = 0;
+    let mut parts = vec![ids];
+    while let Some(part) = parts.pop() {
+        let now = Millis::now();
+        match store::expire(&ctx.db, kind, &part, now, Cause::Sweeper).await {
+            Ok(outcomes) => {
+                for (id, outcome) in &outcomes {
+                    if let ExpiryOutcome::Applied { deadline } = outcome {
+                        caught += 1;
+                        ctx.events
+                            .sweeper_catch(kind, *id, now.signed_since(*deadline));
+                    }
                 }
             }
-            if (ids.len() as u64) < settings.batch_size {
-                break;
+            Err(e) => {
+                db::ping(&ctx.db).await?;
+                if part.len() > 1 {
+                    ctx.events.batch_split(kind, part.len(), &e.to_string());
+                    let (left, right) = part.split_at(part.len() / 2);
+                    parts.push(right.to_vec());
+                    parts.push(left.to_vec());
+                } else {
+                    ctx.events.sweeper_refused(kind, part[0], &e.to_string());
+                }
             }
         }
     }

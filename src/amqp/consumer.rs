@@ -31,12 +31,44 @@ use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
 use crate::app::Context;
-use crate::db::store::{self, Cause, ExpiryOutcome};
+use crate::db::{
+    self,
+    store::{self, Cause, ExpiryOutcome},
+};
 use crate::domain::{Millis, OrderId, TimeoutKind};
 
 /// A batch that starts this soon after the previous one is part of a flow, and
 /// may wait `consumer.batch_wait` to fill even when it holds one delivery.
 const FLOWING: Duration = Duration::from_millis(50);
+
+/// How often the database may refuse one order's timeout, alone, before its
+/// delivery is parked.
+const ISOLATED_ATTEMPTS: u32 = 3;
+
+/// What the database said about a batch's orders.
+#[derive(Debug, Default)]
+struct Decided {
+    /// Each order's outcome, with the time it was decided at.
+    outcomes: HashMap<OrderId, (ExpiryOutcome, Millis)>,
+    /// Orders whose transition the database refused, alone, with its error.
+    refused: HashMap<OrderId, String>,
+}
+
+impl Decided {
+    /// Adds one part's outcomes. An order split across parts (duplicate
+    /// deliveries) keeps the outcome that applied it.
+    fn merge(&mut self, outcomes: HashMap<OrderId, ExpiryOutcome>, now: Millis) {
+        for (id, outcome) in outcomes {
+            let applied_before = matches!(
+                self.outcomes.get(&id),
+                Some((ExpiryOutcome::Applied { .. }, _))
+            );
+            if !applied_before {
+                self.outcomes.insert(id, (outcome, now));
+            }
+        }
+    }
+}
 
 /// What to do with one delivery once the database has spoken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,37 +344,82 @@ impl KindConsumer {
             return Ok(());
         }
         let ids: Vec<OrderId> = valid.iter().map(|(_, m)| m.order_id).collect();
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        let (outcomes, now) = loop {
-            let now = Millis::now();
-            match store::expire(&self.ctx.db, self.kind, &ids, now, Cause::Timeout).await {
-                Ok(outcomes) => {
-                    self.ctx.health.set_database(true);
-                    break (outcomes, now);
-                }
-                Err(e) => {
+        let Some(decided) = self.expire_isolating(ids, shutdown).await else {
+            // Shutting down mid-outage: leave them unacked for redelivery.
+            return Ok(());
+        };
+        self.settle(valid, decided).await
+    }
+
+    /// Decides the orders of a batch. While the database is away, nothing is
+    /// decided: the consumer pauses with backoff and tries again, taking no new
+    /// deliveries. When it answers but refuses the batch, the batch is split in
+    /// halves, each decided on its own, down to the one order it refuses, which
+    /// is tried [`ISOLATED_ATTEMPTS`] times, then given up (to be parked): one
+    /// bad order cannot stop every timeout behind it. `None` when shutdown came
+    /// first.
+    async fn expire_isolating(
+        &self,
+        ids: Vec<OrderId>,
+        shutdown: &CancellationToken,
+    ) -> Option<Decided> {
+        let mut decided = Decided::default();
+        let mut parts = vec![ids];
+        let mut outage = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        while let Some(part) = parts.pop() {
+            let mut refusals = 0;
+            let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+            loop {
+                let now = Millis::now();
+                let error = match store::expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout)
+                    .await
+                {
+                    Ok(outcomes) => {
+                        self.ctx.health.set_database(true);
+                        decided.merge(outcomes, now);
+                        break;
+                    }
+                    Err(e) => e,
+                };
+                if db::ping(&self.ctx.db).await.is_err() {
                     // Keep the deliveries unacked and take no new ones: the broker
                     // keeps the rest, and nothing spins while the database is away.
                     self.ctx.health.set_database(false);
-                    let delay = backoff.next_delay();
+                    let delay = outage.next_delay();
                     self.ctx
                         .events
-                        .paused(self.kind.as_str(), &e.to_string(), delay);
+                        .paused(self.kind.as_str(), &error.to_string(), delay);
                     if !pause(shutdown, delay).await {
-                        // Shutting down mid-outage: leave them unacked for redelivery.
-                        return Ok(());
+                        return None;
                     }
+                    continue;
+                }
+                refusals += 1;
+                if part.len() > 1 {
+                    self.ctx
+                        .events
+                        .batch_split(self.kind, part.len(), &error.to_string());
+                    let (left, right) = part.split_at(part.len() / 2);
+                    parts.push(right.to_vec());
+                    parts.push(left.to_vec());
+                    break;
+                }
+                if refusals >= ISOLATED_ATTEMPTS {
+                    decided.refused.insert(part[0], error.to_string());
+                    break;
+                }
+                if !pause(shutdown, retry.next_delay()).await {
+                    return None;
                 }
             }
-        };
-        self.settle(valid, outcomes, now).await
+        }
+        Some(decided)
     }
 
     async fn settle(
         &mut self,
         valid: Vec<(Delivery, TimeoutMessage)>,
-        outcomes: HashMap<OrderId, ExpiryOutcome>,
-        now: Millis,
+        decided: Decided,
     ) -> Result<(), Error> {
         let hold_max = self.ctx.settings.consumer.hold_max;
         let mut seen = HashSet::new();
@@ -350,11 +427,17 @@ impl KindConsumer {
         let mut settled = Vec::with_capacity(valid.len());
         for (delivery, message) in valid {
             let id = message.order_id;
-            let outcome = outcomes
-                .get(&id)
-                .copied()
-                .unwrap_or(ExpiryOutcome::NotFound);
-            match decide(outcome, now, hold_max, seen.insert(id)) {
+            let action = match (decided.outcomes.get(&id), decided.refused.get(&id)) {
+                (Some(&(outcome, now)), _) => decide(outcome, now, hold_max, seen.insert(id)),
+                (None, Some(error)) => Action::Park(Park::new(
+                    ParkReason::DatabaseRefused,
+                    format!(
+                        "the database refused this timeout {ISOLATED_ATTEMPTS} times while it answered the rest: {error}"
+                    ),
+                )),
+                (None, None) => decide(ExpiryOutcome::NotFound, Millis::now(), hold_max, true),
+            };
+            match action {
                 Action::Applied { lateness_ms } => {
                     settled.push(delivery.delivery_tag);
                     self.ctx

@@ -35,9 +35,8 @@ pub fn message_id(row: &outbox::Model) -> String {
 /// that grows while the broker is away is exactly what operators must see.
 pub async fn monitor(ctx: Arc<Context>, shutdown: CancellationToken) {
     loop {
-        if let Ok((rows, oldest)) = store::outbox_backlog(&ctx.db).await {
-            let age = oldest.map(|o| Millis::now().since(o)).unwrap_or_default();
-            ctx.events.outbox_backlog(rows, age);
+        if let Ok(state) = store::outbox_backlog(&ctx.db).await {
+            ctx.events.outbox_backlog(state, Millis::now());
         }
         if !pause(&shutdown, Duration::from_secs(1)).await {
             return;
@@ -62,7 +61,9 @@ pub async fn run(
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        let rows = match store::outbox_pending(&ctx.db, ctx.settings.relay.batch_size).await {
+        let claimed =
+            store::outbox_claim(&ctx.db, ctx.settings.relay.batch_size, Millis::now()).await;
+        let rows = match claimed {
             Ok(rows) => {
                 db_backoff.reset();
                 rows
@@ -94,52 +95,19 @@ pub async fn run(
             }
             continue;
         }
-        let now = Millis::now();
-        let mut pending = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let Ok(kind) = row.kind.parse::<TimeoutKind>() else {
-                // Only this service writes the outbox; a foreign kind is a bug to surface, not to loop on.
-                tracing::error!(outbox_id = row.id, kind = %row.kind, "outbox row with an unknown kind; deleting it");
-                pending.push((row.id, None));
-                continue;
-            };
-            let message = TimeoutMessage {
-                order_id: OrderId::new(row.order_id),
-                kind,
-                due_at: Some(Millis(row.due_at_ms)),
-            };
-            // The contract wants 0 < x-delay: a deadline already passed goes out at 1 ms.
-            let delay_ms = (row.due_at_ms - now.0).clamp(1, wire::MAX_DELAY_MS as i64) as u64;
-            let properties = wire::properties(&message_id(row), now, delay_ms, &[]);
-            let (exchange, routing_key) = delay_route(&ctx.names, mode, kind, delay_ms);
-            let confirm = channel
-                .basic_publish(
-                    exchange.as_str().into(),
-                    routing_key.as_str().into(),
-                    publish_options(),
-                    &wire::encode(&message),
-                    properties,
-                )
-                .await?;
-            pending.push((row.id, Some((exchange, confirm))));
-        }
-        let mut confirmed = Vec::with_capacity(pending.len());
-        let mut refused = Vec::new();
-        for (id, confirm) in pending {
-            match confirm {
-                None => confirmed.push(id),
-                Some((exchange, confirm)) => {
-                    // A broken connection fails here; the rows stay for the next connection.
-                    match amqp_confirmed(confirm.await?, &exchange) {
-                        Ok(()) => confirmed.push(id),
-                        Err(e) => refused.push((id, e)),
-                    }
-                }
+        let Round { confirmed, refused } = match publish_round(&ctx, &channel, mode, &rows).await {
+            Ok(round) => round,
+            Err(e) => {
+                // The connection broke mid-round: give the rows back now rather
+                // than at the end of the lease (those already confirmed go out
+                // twice, which the consumer treats as a no-op).
+                let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+                let _ = store::outbox_release(&ctx.db, &ids).await;
+                return Err(e);
             }
-        }
+        };
         // A failure to delete only means the rows are published again: the
         // consumer treats a duplicate as a no-op.
-        let published = confirmed.len() as u64;
         let mut delete_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         while let Err(e) = store::outbox_delete(&ctx.db, &confirmed).await {
             let delay = delete_backoff.next_delay();
@@ -148,15 +116,87 @@ pub async fn run(
                 return Ok(());
             }
         }
-        ctx.events.outbox_published(published);
+        ctx.events.outbox_published(confirmed.len() as u64);
         if let Some((_, first)) = refused.first() {
-            ctx.events
-                .outbox_failed(refused.len() as u64, &first.to_string());
-            let refused: Vec<i64> = refused.iter().map(|(id, _)| *id).collect();
-            let _ = store::outbox_failed(&ctx.db, &refused).await;
-            if !pause(&shutdown, Duration::from_secs(1)).await {
-                return Ok(());
+            ctx.events.outbox_failed(refused.len() as u64, first);
+            // Not retried at once: each refused row waits, and the rows behind
+            // it go out meanwhile; one refused too often is set aside.
+            let max_attempts = ctx.settings.relay.max_attempts;
+            match store::outbox_refused(&ctx.db, &refused, max_attempts, Millis::now()).await {
+                Ok(set_aside) if !set_aside.is_empty() => {
+                    ctx.events.outbox_set_aside(&set_aside, first);
+                }
+                Ok(_) => {}
+                // The lease ends the claim anyway; the rows come back then.
+                Err(e) => ctx.events.paused("relay", &e.to_string(), Duration::ZERO),
             }
         }
     }
+}
+
+/// What the broker said about one round's rows.
+struct Round<'a> {
+    /// Ids of rows the broker confirmed (or that were set aside).
+    confirmed: Vec<i64>,
+    /// Rows the broker refused, with its words.
+    refused: Vec<(&'a outbox::Model, String)>,
+}
+
+/// Publishes one round's rows without waiting between them, then collects the
+/// confirms. Rows of a kind this version does not know are set aside, not
+/// deleted: a newer instance may have written them, and an operator must see
+/// them. Errors only when the connection or channel broke.
+async fn publish_round<'a>(
+    ctx: &Context,
+    channel: &lapin::Channel,
+    mode: Mode,
+    rows: &'a [outbox::Model],
+) -> Result<Round<'a>, Error> {
+    let now = Millis::now();
+    let mut pending = Vec::with_capacity(rows.len());
+    let mut unknown = Vec::new();
+    for row in rows {
+        let Ok(kind) = row.kind.parse::<TimeoutKind>() else {
+            unknown.push(row.id);
+            continue;
+        };
+        let message = TimeoutMessage {
+            order_id: OrderId::new(row.order_id),
+            kind,
+            due_at: Some(Millis(row.due_at_ms)),
+        };
+        // The contract wants 0 < x-delay: a deadline already passed goes out at 1 ms.
+        let delay_ms = (row.due_at_ms - now.0).clamp(1, wire::MAX_DELAY_MS as i64) as u64;
+        let properties = wire::properties(&message_id(row), now, delay_ms, &[]);
+        let (exchange, routing_key) = delay_route(&ctx.names, mode, kind, delay_ms);
+        let confirm = channel
+            .basic_publish(
+                exchange.as_str().into(),
+                routing_key.as_str().into(),
+                publish_options(),
+                &wire::encode(&message),
+                properties,
+            )
+            .await?;
+        pending.push((row, exchange, confirm));
+    }
+    if !unknown.is_empty() {
+        let reason = "a timeout kind this version does not know (written by a newer version?)";
+        match store::outbox_set_aside(&ctx.db, &unknown, reason, now).await {
+            Ok(()) => ctx.events.outbox_set_aside(&unknown, reason),
+            Err(e) => ctx.events.paused("relay", &e.to_string(), Duration::ZERO),
+        }
+    }
+    let mut round = Round {
+        confirmed: Vec::with_capacity(pending.len()),
+        refused: Vec::new(),
+    };
+    for (row, exchange, confirm) in pending {
+        // A broken connection fails here; the caller gives the rows back.
+        match amqp_confirmed(confirm.await?, &exchange) {
+            Ok(()) => round.confirmed.push(row.id),
+            Err(e) => round.refused.push((row, e.to_string())),
+        }
+    }
+    Ok(round)
 }

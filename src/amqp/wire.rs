@@ -59,6 +59,9 @@ pub enum ParkReason {
     InvalidDelay,
     /// No order has this id.
     UnknownOrder,
+    /// The database refused this timeout's transition every time, alone, while
+    /// it answered everything else (a trigger, a constraint, a broken row).
+    DatabaseRefused,
 }
 
 impl ParkReason {
@@ -73,6 +76,7 @@ impl ParkReason {
             Self::MissingDelay => "missing_delay",
             Self::InvalidDelay => "invalid_delay",
             Self::UnknownOrder => "unknown_order",
+            Self::DatabaseRefused => "database_refused",
         }
     }
 }

@@ -120,6 +120,14 @@ pub mod outbox {
         pub created_at_ms: i64,
         /// Publish attempts that did not get a broker ack.
         pub attempts: i32,
+        /// The relay round that holds the row, while it publishes it.
+        pub claim: Option<String>,
+        /// End of that round's lease; after it, any relay may take the row.
+        pub claimed_until_ms: Option<i64>,
+        /// When the row was set aside (no relay takes it again).
+        pub set_aside_at_ms: Option<i64>,
+        /// Why it was set aside.
+        pub set_aside_reason: Option<String>,
     }
 
     /// No relations are navigated through SeaORM.

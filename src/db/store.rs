@@ -7,20 +7,27 @@
 //! the transition that won, so it is released at most once. Nothing here reads a
 //! row and then writes what it read.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait, OnConflict};
+use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction,
-    DbBackend, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
-    TransactionTrait,
+    ActiveModelTrait, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection,
+    DatabaseTransaction, DbBackend, DbErr, EntityTrait, IsolationLevel, PaginatorTrait,
+    QueryFilter, QueryOrder, QuerySelect, Set, TransactionTrait,
 };
 use serde::Serialize;
 
 use super::entities::{inventory, order_events, order_items, orders, outbox};
 use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
 use crate::settings::Windows;
+
+/// Most values one statement binds from a list (ids in an `IN`, SKUs in a
+/// `CASE`, rows of a multi-row `INSERT`). SQLite accepts 32,766 bind
+/// parameters per statement, PostgreSQL and MySQL 65,535; a stock move binds
+/// five per SKU and an audit row seven, so lists are cut well below both.
+pub const LIST_CHUNK: usize = 500;
 
 /// One line of a new order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,9 +325,14 @@ pub async fn checkout(
     now: Millis,
 ) -> Result<OrderView, CheckoutError> {
     let mut items = items.to_vec();
-    // A fixed order of row locks: two checkouts of the same SKUs cannot deadlock.
     items.sort_by(|a, b| a.sku.cmp(&b.sku));
     let txn = db.begin().await?;
+    // The rows are locked first, in the database's order, as every stock move
+    // locks them: a checkout and a batch releasing the same SKUs cannot deadlock.
+    if items.len() > 1 {
+        let skus: Vec<&str> = items.iter().map(|i| i.sku.as_str()).collect();
+        lock_stock(&txn, &skus).await?;
+    }
     for item in &items {
         let reserved = inventory::Entity::update_many()
             .col_expr(
@@ -585,19 +597,21 @@ async fn record(
     if ids.is_empty() {
         return Ok(());
     }
-    let rows = ids.iter().map(|id| order_events::ActiveModel {
-        order_id: Set(id.get()),
-        event: Set(event.to_string()),
-        from_status: Set(from.map(|f| f.as_str().to_string())),
-        to_status: Set(to.as_str().to_string()),
-        cause: Set(cause.as_str().to_string()),
-        at_ms: Set(now.0),
-        detail: Set(detail.map(|d| crate::domain::truncate(d, 250))),
-        ..Default::default()
-    });
-    order_events::Entity::insert_many(rows)
-        .exec_without_returning(txn)
-        .await?;
+    for chunk in ids.chunks(LIST_CHUNK) {
+        let rows = chunk.iter().map(|id| order_events::ActiveModel {
+            order_id: Set(id.get()),
+            event: Set(event.to_string()),
+            from_status: Set(from.map(|f| f.as_str().to_string())),
+            to_status: Set(to.as_str().to_string()),
+            cause: Set(cause.as_str().to_string()),
+            at_ms: Set(now.0),
+            detail: Set(detail.map(|d| crate::domain::truncate(d, 250))),
+            ..Default::default()
+        });
+        order_events::Entity::insert_many(rows)
+            .exec_without_returning(txn)
+            .await?;
+    }
     Ok(())
 }
 
@@ -620,10 +634,8 @@ impl Stock {
 }
 
 /// Moves the quantities of some orders' items from one stock column to another,
-/// for every SKU at once: the rows are first locked in SKU order (so concurrent
-/// batches queue instead of deadlocking; SQLite has one writer and needs no
-/// lock), then one `UPDATE … CASE sku …` moves them. Two statements per batch,
-/// whatever the number of SKUs.
+/// `LIST_CHUNK` SKUs at a time: each chunk's rows are first locked (see
+/// [`lock_stock`]), then one `UPDATE … CASE sku …` moves the chunk.
 async fn move_stock(
     txn: &DatabaseTransaction,
     ids: &[OrderId],
@@ -631,36 +643,65 @@ async fn move_stock(
     to: Stock,
     now: Millis,
 ) -> Result<(), DbErr> {
-    let per_sku = quantities(txn, ids).await?;
-    if per_sku.is_empty() {
-        return Ok(());
-    }
-    let skus: Vec<String> = per_sku.keys().cloned().collect();
-    if txn.get_database_backend() != DbBackend::Sqlite {
-        inventory::Entity::find()
-            .select_only()
-            .column(inventory::Column::Sku)
-            .filter(inventory::Column::Sku.is_in(skus.clone()))
-            .order_by_asc(inventory::Column::Sku)
-            .lock_exclusive()
-            .into_tuple::<String>()
-            .all(txn)
+    let per_sku: Vec<(String, i64)> = quantities(txn, ids).await?.into_iter().collect();
+    for chunk in per_sku.chunks(LIST_CHUNK) {
+        let skus: Vec<&str> = chunk.iter().map(|(sku, _)| sku.as_str()).collect();
+        lock_stock(txn, &skus).await?;
+        let mut quantity = CaseStatement::new();
+        for (sku, q) in chunk {
+            quantity = quantity.case(inventory::Column::Sku.eq(sku.as_str()), *q);
+        }
+        let quantity: Expr = quantity.finally(0).into();
+        inventory::Entity::update_many()
+            .col_expr(
+                from.column(),
+                Expr::col(from.column()).sub(quantity.clone()),
+            )
+            .col_expr(to.column(), Expr::col(to.column()).add(quantity))
+            .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
+            .filter(inventory::Column::Sku.is_in(skus))
+            .exec(txn)
             .await?;
     }
-    let mut quantity = CaseStatement::new();
-    for (sku, q) in &per_sku {
-        quantity = quantity.case(inventory::Column::Sku.eq(sku.as_str()), *q);
+    Ok(())
+}
+
+/// Locks inventory rows in the order of the column's index (its collation:
+/// PostgreSQL's `C` sorts `B` before `a`, MariaDB's default collation the
+/// other way), one statement for the lot. Checkout and every stock move lock
+/// through here, so two transactions wanting the same SKUs queue instead of
+/// deadlocking. SQLite has one writer at a time and takes no row locks.
+async fn lock_stock(txn: &DatabaseTransaction, skus: &[&str]) -> Result<(), DbErr> {
+    if txn.get_database_backend() == DbBackend::Sqlite {
+        return Ok(());
     }
-    let quantity: Expr = quantity.finally(0).into();
-    inventory::Entity::update_many()
-        .col_expr(
-            from.column(),
-            Expr::col(from.column()).sub(quantity.clone()),
-        )
-        .col_expr(to.column(), Expr::col(to.column()).add(quantity))
-        .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
-        .filter(inventory::Column::Sku.is_in(skus))
-        .exec(txn)
+    inventory::Entity::find()
+        .select_only()
+        .column(inventory::Column::Sku)
+        .filter(inventory::Column::Sku.is_in(skus.iter().copied()))
+        .order_by_asc(inventory::Column::Sku)
+        .lock_exclusive()
+        .into_tuple::<String>()
+        .all(txn)
+        .await?;
+    Ok(())
+}
+
+/// Locks order rows in id order before a batch updates them, so two batches
+/// that share orders (a consumer and the sweeper, two instances) queue instead
+/// of deadlocking. SQLite has one writer and needs no lock.
+async fn lock_orders(txn: &DatabaseTransaction, ids: &[i64]) -> Result<(), DbErr> {
+    if txn.get_database_backend() == DbBackend::Sqlite || ids.len() < 2 {
+        return Ok(());
+    }
+    orders::Entity::find()
+        .select_only()
+        .column(orders::Column::Id)
+        .filter(orders::Column::Id.is_in(ids.iter().copied()))
+        .order_by_asc(orders::Column::Id)
+        .lock_exclusive()
+        .into_tuple::<i64>()
+        .all(txn)
         .await?;
     Ok(())
 }
@@ -685,10 +726,10 @@ pub async fn expire(
         .filter(|id| !outcomes.contains_key(id))
         .map(|id| id.get())
         .collect();
-    if !rest.is_empty() {
-        // Read after the conditional update only to say why it did not apply.
+    // Read after the conditional update only to say why it did not apply.
+    for chunk in rest.chunks(LIST_CHUNK) {
         let found = orders::Entity::find()
-            .filter(orders::Column::Id.is_in(rest))
+            .filter(orders::Column::Id.is_in(chunk.iter().copied()))
             .all(&txn)
             .await?;
         for order in found {
@@ -764,33 +805,42 @@ async fn apply_expiry(
             ("completed", OrderStatus::Completed)
         }
     };
+    // Ascending and without repeats: every batch locks its orders in one order.
+    let unique: Vec<i64> = ids
+        .iter()
+        .map(|i| i.get())
+        .collect::<BTreeSet<i64>>()
+        .into_iter()
+        .collect();
     let mut applied = Vec::new();
-    if txn.support_returning() {
-        let raw: Vec<i64> = ids.iter().map(|i| i.get()).collect();
-        let changed = update
-            .filter(orders::Column::Id.is_in(raw))
-            .exec_with_returning(txn)
-            .await?;
-        for order in changed {
-            if let Some(d) = deadline_of(kind, &order) {
-                applied.push((OrderId::new(order.id), d));
-            }
-        }
-    } else {
-        // MariaDB/MySQL have no UPDATE … RETURNING: one conditional update per id,
-        // each still deciding by its own row count.
-        let unique: HashSet<OrderId> = ids.iter().copied().collect();
-        for id in unique {
-            let result = update
+    for chunk in unique.chunks(LIST_CHUNK) {
+        lock_orders(txn, chunk).await?;
+        if txn.support_returning() {
+            let changed = update
                 .clone()
-                .filter(orders::Column::Id.eq(id.get()))
-                .exec(txn)
+                .filter(orders::Column::Id.is_in(chunk.iter().copied()))
+                .exec_with_returning(txn)
                 .await?;
-            if result.rows_affected == 1
-                && let Some(order) = orders::Entity::find_by_id(id.get()).one(txn).await?
-                && let Some(d) = deadline_of(kind, &order)
-            {
-                applied.push((id, d));
+            for order in changed {
+                if let Some(d) = deadline_of(kind, &order) {
+                    applied.push((OrderId::new(order.id), d));
+                }
+            }
+        } else {
+            // MariaDB/MySQL have no UPDATE … RETURNING: one conditional update per
+            // id, in id order, each still deciding by its own row count.
+            for &id in chunk {
+                let result = update
+                    .clone()
+                    .filter(orders::Column::Id.eq(id))
+                    .exec(txn)
+                    .await?;
+                if result.rows_affected == 1
+                    && let Some(order) = orders::Entity::find_by_id(id).one(txn).await?
+                    && let Some(d) = deadline_of(kind, &order)
+                {
+                    applied.push((OrderId::new(id), d));
+                }
             }
         }
     }
@@ -819,41 +869,59 @@ async fn quantities(
     ids: &[OrderId],
 ) -> Result<BTreeMap<String, i64>, DbErr> {
     let raw: Vec<i64> = ids.iter().map(|i| i.get()).collect();
-    let rows = order_items::Entity::find()
-        .filter(order_items::Column::OrderId.is_in(raw))
-        .all(txn)
-        .await?;
     let mut per_sku = BTreeMap::new();
-    for row in rows {
-        *per_sku.entry(row.sku).or_insert(0) += row.quantity;
+    for chunk in raw.chunks(LIST_CHUNK) {
+        let rows = order_items::Entity::find()
+            .filter(order_items::Column::OrderId.is_in(chunk.iter().copied()))
+            .all(txn)
+            .await?;
+        for row in rows {
+            *per_sku.entry(row.sku).or_insert(0) += row.quantity;
+        }
     }
     Ok(per_sku)
 }
 
-/// Ids of orders in the status `kind` acts on whose deadline is before `before`,
-/// oldest deadline first (for the sweeper).
+/// Orders in the status `kind` acts on whose deadline is before `before`, with
+/// their deadlines, oldest deadline first (for the sweeper); `after` continues
+/// from the last `(id, deadline)` of the previous page.
 pub async fn overdue(
     db: &DatabaseConnection,
     kind: TimeoutKind,
     before: Millis,
+    after: Option<(OrderId, Millis)>,
     limit: u64,
-) -> Result<Vec<OrderId>, DbErr> {
+) -> Result<Vec<(OrderId, Millis)>, DbErr> {
     let deadline = deadline_column(kind);
     let mut query = orders::Entity::find()
         .select_only()
         .column(orders::Column::Id)
+        .column(deadline)
         .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
         .filter(deadline.lt(before.0));
     if kind == TimeoutKind::Fulfillment {
         query = query.filter(orders::Column::FulfillmentOverdueAtMs.is_null());
     }
-    let ids: Vec<i64> = query
+    if let Some((id, at)) = after {
+        query = query.filter(
+            Condition::any().add(deadline.gt(at.0)).add(
+                Condition::all()
+                    .add(deadline.eq(at.0))
+                    .add(orders::Column::Id.gt(id.get())),
+            ),
+        );
+    }
+    let rows: Vec<(i64, i64)> = query
         .order_by_asc(deadline)
+        .order_by_asc(orders::Column::Id)
         .limit(limit)
         .into_tuple()
         .all(db)
         .await?;
-    Ok(ids.into_iter().map(OrderId::new).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(id, at)| (OrderId::new(id), Millis(at)))
+        .collect())
 }
 
 /// One order with its items, and its audit trail when asked.
@@ -930,51 +998,225 @@ fn view(o: orders::Model, items: Vec<ItemView>) -> OrderView {
     }
 }
 
-/// Outbox rows to publish, oldest first.
-pub async fn outbox_pending(
+/// How long a relay round holds the rows it claimed. A relay that dies
+/// mid-round delays those rows by at most this; the relays of other instances
+/// skip them meanwhile.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(30);
+
+/// Longest wait before a refused row is tried again.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
+
+/// Rows no relay round holds and nobody set aside.
+fn publishable(now: Millis) -> Condition {
+    Condition::all()
+        .add(outbox::Column::SetAsideAtMs.is_null())
+        .add(
+            Condition::any()
+                .add(outbox::Column::ClaimedUntilMs.is_null())
+                .add(outbox::Column::ClaimedUntilMs.lt(now.0)),
+        )
+}
+
+/// Claims up to `limit` publishable outbox rows for one relay round, oldest
+/// first, and returns them. Rows another round holds are skipped (`FOR UPDATE
+/// SKIP LOCKED` on PostgreSQL and MariaDB/MySQL, then a conditional update that
+/// only takes rows still free, on every backend), so the relays of several
+/// instances publish disjoint rows.
+pub async fn outbox_claim(
     db: &DatabaseConnection,
     limit: u64,
+    now: Millis,
 ) -> Result<Vec<outbox::Model>, DbErr> {
-    outbox::Entity::find()
+    let claim = uuid::Uuid::new_v4().to_string();
+    let lease_end = now.plus(CLAIM_LEASE).0;
+    let candidates = outbox::Entity::find()
+        .select_only()
+        .column(outbox::Column::Id)
+        .filter(publishable(now))
         .order_by_asc(outbox::Column::Id)
-        .limit(limit)
-        .all(db)
-        .await
+        .limit(limit);
+    let ids: Vec<i64> = if db.get_database_backend() == DbBackend::Sqlite {
+        // One writer at a time, and a read that later writes could not upgrade
+        // past another connection's commit: no transaction, the conditional
+        // update decides.
+        let ids = candidates.into_tuple().all(db).await?;
+        take_claim(db, &ids, &claim, lease_end, now).await?;
+        ids
+    } else {
+        // Read committed: MariaDB's default (repeatable read) would also lock
+        // the gaps the scan passes, and deadlock relays against each other.
+        let txn = db
+            .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+            .await?;
+        let ids = candidates
+            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+            .into_tuple()
+            .all(&txn)
+            .await?;
+        take_claim(&txn, &ids, &claim, lease_end, now).await?;
+        txn.commit().await?;
+        ids
+    };
+    let mut rows = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(LIST_CHUNK) {
+        rows.extend(
+            outbox::Entity::find()
+                .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+                .filter(outbox::Column::Claim.eq(claim.as_str()))
+                .order_by_asc(outbox::Column::Id)
+                .all(db)
+                .await?,
+        );
+    }
+    Ok(rows)
+}
+
+async fn take_claim<C: ConnectionTrait>(
+    db: &C,
+    ids: &[i64],
+    claim: &str,
+    lease_end: i64,
+    now: Millis,
+) -> Result<(), DbErr> {
+    for chunk in ids.chunks(LIST_CHUNK) {
+        outbox::Entity::update_many()
+            .col_expr(outbox::Column::Claim, Expr::value(claim))
+            .col_expr(outbox::Column::ClaimedUntilMs, Expr::value(lease_end))
+            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+            .filter(publishable(now))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Removes rows the broker confirmed.
 pub async fn outbox_delete(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
-    if !ids.is_empty() {
+    for chunk in ids.chunks(LIST_CHUNK) {
         outbox::Entity::delete_many()
-            .filter(outbox::Column::Id.is_in(ids.to_vec()))
+            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
             .exec(db)
             .await?;
     }
     Ok(())
 }
 
-/// Counts a failed publish attempt on rows the broker did not confirm.
-pub async fn outbox_failed(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
-    if !ids.is_empty() {
+/// Gives claimed rows back at once (the round could not publish them: the
+/// connection broke), so the next round need not wait for the lease to end.
+pub async fn outbox_release(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
+    for chunk in ids.chunks(LIST_CHUNK) {
         outbox::Entity::update_many()
+            .col_expr(outbox::Column::Claim, Expr::value(Option::<String>::None))
             .col_expr(
-                outbox::Column::Attempts,
-                Expr::col(outbox::Column::Attempts).add(1),
+                outbox::Column::ClaimedUntilMs,
+                Expr::value(Option::<i64>::None),
             )
-            .filter(outbox::Column::Id.is_in(ids.to_vec()))
+            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
             .exec(db)
             .await?;
     }
     Ok(())
 }
 
-/// Rows waiting and the creation time of the oldest, for metrics.
-pub async fn outbox_backlog(db: &DatabaseConnection) -> Result<(u64, Option<Millis>), DbErr> {
-    let count = outbox::Entity::find().count(db).await?;
+/// Counts a refused publish on each row. A row refused
+/// `max_attempts` times (`relay.max_attempts`) is set aside with its reason; the others wait
+/// (1 s, 2 s, 4 s … at most a minute) before any relay takes them again, and
+/// the rows behind them go out meanwhile. Returns the ids set aside.
+pub async fn outbox_refused(
+    db: &DatabaseConnection,
+    rows: &[(&outbox::Model, String)],
+    max_attempts: i32,
+    now: Millis,
+) -> Result<Vec<i64>, DbErr> {
+    let mut set_aside = Vec::new();
+    for (row, reason) in rows {
+        let attempts = row.attempts.saturating_add(1);
+        let mut update = outbox::Entity::update_many()
+            .col_expr(outbox::Column::Attempts, Expr::value(attempts))
+            .col_expr(outbox::Column::Claim, Expr::value(Option::<String>::None))
+            .filter(outbox::Column::Id.eq(row.id));
+        if attempts >= max_attempts {
+            set_aside.push(row.id);
+            let reason = format!("refused {attempts} times by the broker: {reason}");
+            update = update
+                .col_expr(
+                    outbox::Column::ClaimedUntilMs,
+                    Expr::value(Option::<i64>::None),
+                )
+                .col_expr(outbox::Column::SetAsideAtMs, Expr::value(now.0))
+                .col_expr(
+                    outbox::Column::SetAsideReason,
+                    Expr::value(crate::domain::truncate(&reason, 250)),
+                );
+        } else {
+            let wait = Duration::from_secs(1 << attempts.clamp(0, 6)).min(MAX_RETRY_WAIT);
+            update = update.col_expr(
+                outbox::Column::ClaimedUntilMs,
+                Expr::value(now.plus(wait).0),
+            );
+        }
+        update.exec(db).await?;
+    }
+    Ok(set_aside)
+}
+
+/// Sets rows aside for an operator: no relay takes them again. Their orders'
+/// deadlines are still kept by the sweeper.
+pub async fn outbox_set_aside(
+    db: &DatabaseConnection,
+    ids: &[i64],
+    reason: &str,
+    now: Millis,
+) -> Result<(), DbErr> {
+    for chunk in ids.chunks(LIST_CHUNK) {
+        outbox::Entity::update_many()
+            .col_expr(outbox::Column::SetAsideAtMs, Expr::value(now.0))
+            .col_expr(
+                outbox::Column::SetAsideReason,
+                Expr::value(crate::domain::truncate(reason, 250)),
+            )
+            .col_expr(outbox::Column::Claim, Expr::value(Option::<String>::None))
+            .col_expr(
+                outbox::Column::ClaimedUntilMs,
+                Expr::value(Option::<i64>::None),
+            )
+            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The outbox now, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxState {
+    /// Rows waiting to be published (claimed ones included).
+    pub waiting: u64,
+    /// Creation time of the oldest waiting row.
+    pub oldest: Option<Millis>,
+    /// Rows set aside.
+    pub set_aside: u64,
+}
+
+/// Rows waiting, the creation time of the oldest, and rows set aside.
+pub async fn outbox_backlog(db: &DatabaseConnection) -> Result<OutboxState, DbErr> {
+    let waiting = outbox::Entity::find()
+        .filter(outbox::Column::SetAsideAtMs.is_null())
+        .count(db)
+        .await?;
     let oldest = outbox::Entity::find()
+        .filter(outbox::Column::SetAsideAtMs.is_null())
         .order_by_asc(outbox::Column::Id)
         .one(db)
         .await?
         .map(|r| Millis(r.created_at_ms));
-    Ok((count, oldest))
+    let set_aside = outbox::Entity::find()
+        .filter(outbox::Column::SetAsideAtMs.is_not_null())
+        .count(db)
+        .await?;
+    Ok(OutboxState {
+        waiting,
+        oldest,
+        set_aside,
+    })
 }

@@ -32,6 +32,7 @@ macro_rules! matrix {
 mod bench;
 mod core;
 mod examples;
+mod hardening;
 mod lifecycle;
 mod openapi;
 mod rabbitmq_world;

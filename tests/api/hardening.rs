@@ -1,0 +1,615 @@
+//! Failure paths that a well-formed flow never reaches: statement sizes past
+//! the databases' bind limits, one order the database refuses, relays of
+//! several instances on one outbox, rows the broker keeps refusing or no relay
+//! can publish, and the order in which rows are locked.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use order_timeout::db::entities::{inventory, outbox};
+use order_timeout::db::store::{self, CLAIM_LEASE, Cause, ExpiryOutcome, NewItem};
+use order_timeout::domain::{Millis, OrderId, TimeoutKind};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, Database, DatabaseConnection, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Set, TransactionTrait,
+};
+use serde_json::json;
+
+use crate::helpers::*;
+
+fn database_url(app: &TestApp) -> String {
+    app.env["ORDER_TIMEOUT__DATABASE__URL"].clone()
+}
+
+/// `orders × skus_per_order` distinct SKUs, one unit of each reserved by an
+/// order whose payment window has just passed; returns the orders.
+async fn orders_over_many_skus(
+    db: &DatabaseConnection,
+    tag: &str,
+    orders: usize,
+    skus_per_order: usize,
+) -> Vec<OrderId> {
+    let skus: Vec<String> = (0..orders * skus_per_order)
+        .map(|i| format!("{tag}-{i:06}"))
+        .collect();
+    for chunk in skus.chunks(1000) {
+        inventory::Entity::insert_many(chunk.iter().map(|sku| inventory::ActiveModel {
+            sku: Set(sku.clone()),
+            available: Set(1),
+            reserved: Set(0),
+            sold: Set(0),
+            updated_at_ms: Set(0),
+        }))
+        .exec_without_returning(db)
+        .await
+        .unwrap();
+    }
+    let mut ids = Vec::with_capacity(orders);
+    for items in skus.chunks(skus_per_order) {
+        let items: Vec<NewItem> = items
+            .iter()
+            .map(|sku| NewItem {
+                sku: sku.clone(),
+                quantity: 1,
+            })
+            .collect();
+        let order = store::checkout(db, &items, Duration::from_millis(1), Millis::now())
+            .await
+            .unwrap();
+        ids.push(order.id);
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    ids
+}
+
+/// Every SKU of `tag` has its unit back on sale.
+async fn all_released(db: &DatabaseConnection, tag: &str, expected: usize) {
+    let rows = inventory::Entity::find()
+        .filter(inventory::Column::Sku.starts_with(format!("{tag}-")))
+        .all(db)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), expected);
+    let held: Vec<&inventory::Model> = rows
+        .iter()
+        .filter(|r| r.available != 1 || r.reserved != 0)
+        .collect();
+    assert!(held.is_empty(), "{} SKUs not released", held.len());
+}
+
+/// 200 orders of 70 SKUs each (14,000 SKUs: a stock move of 70,000 bind
+/// parameters in one statement, past SQLite's 32,766 and PostgreSQL's and
+/// MariaDB's 65,535) are released in one consumer batch and in one sweep. The
+/// broker plays no part: the relay is off, and the mode does not matter.
+async fn large_batches_fit_the_database(backend: Backend) {
+    let app = spawn_app(
+        Spawn::new(backend, DelayMode::Ttl)
+            .env("ORDER_TIMEOUT__RELAY__ENABLED", "false")
+            .env("ORDER_TIMEOUT__SWEEPER__BATCH_SIZE", "500")
+            .env("ORDER_TIMEOUT__SWEEPER__GRACE", "0s"),
+    )
+    .await;
+    let db = &app.ctx.db;
+
+    // As the consumer decides a batch of 200 deliveries.
+    let ids = orders_over_many_skus(db, "batch", 200, 70).await;
+    let outcomes = store::expire(
+        db,
+        TimeoutKind::Payment,
+        &ids,
+        Millis::now(),
+        Cause::Timeout,
+    )
+    .await
+    .expect("one batch of 200 orders over 14,000 SKUs");
+    let applied = outcomes
+        .values()
+        .filter(|o| matches!(o, ExpiryOutcome::Applied { .. }))
+        .count();
+    assert_eq!(applied, 200);
+    all_released(db, "batch", 14_000).await;
+
+    // As the sweeper takes them, 500 at most per page.
+    orders_over_many_skus(db, "sweep", 200, 70).await;
+    let caught = order_timeout::sweeper::sweep(&app.ctx, Millis::now())
+        .await
+        .expect("one sweep of 200 orders over 14,000 SKUs");
+    assert_eq!(caught, 200);
+    all_released(db, "sweep", 14_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_batches_fit_sqlite() {
+    large_batches_fit_the_database(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_batches_fit_postgres() {
+    large_batches_fit_the_database(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_batches_fit_mariadb() {
+    large_batches_fit_the_database(Backend::MariaDb).await
+}
+
+/// A trigger that makes the database refuse any update of one order, as a
+/// constraint or a broken row would.
+async fn refuse_updates_of(db: &DatabaseConnection, backend: Backend, id: &str) {
+    let statements = match backend {
+        Backend::Sqlite => vec![format!(
+            "CREATE TRIGGER refuse_order BEFORE UPDATE ON orders WHEN OLD.id = {id} \
+             BEGIN SELECT RAISE(ABORT, 'test: this order is refused'); END"
+        )],
+        Backend::Postgres => vec![
+            "CREATE FUNCTION refuse_order() RETURNS trigger AS $$ \
+             BEGIN RAISE EXCEPTION 'test: this order is refused'; END $$ LANGUAGE plpgsql"
+                .to_string(),
+            format!(
+                "CREATE TRIGGER refuse_order BEFORE UPDATE ON orders FOR EACH ROW \
+                 WHEN (OLD.id = {id}) EXECUTE FUNCTION refuse_order()"
+            ),
+        ],
+        Backend::MariaDb => vec![format!(
+            "CREATE TRIGGER refuse_order BEFORE UPDATE ON orders FOR EACH ROW BEGIN \
+             IF OLD.id = {id} THEN SIGNAL SQLSTATE '45000' \
+             SET MESSAGE_TEXT = 'test: this order is refused'; END IF; END"
+        )],
+    };
+    for sql in statements {
+        db.execute_unprepared(&sql).await.unwrap();
+    }
+}
+
+/// One order whose transition the database refuses does not hold up the
+/// timeouts around it: the consumer halves the batch down to that order,
+/// parks its delivery (`database_refused`) and cancels the rest on time.
+async fn one_refused_order_does_not_stop_the_rest(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(
+        Spawn::new(backend, mode)
+            // Every delivery that is ready joins one batch.
+            .env("ORDER_TIMEOUT__CONSUMER__BATCH_WAIT", "200ms"),
+    )
+    .await;
+    app.put_stock("A", 100).await;
+    let refused = app.order(&[("A", 1)], "2s").await;
+    let mut rest = Vec::new();
+    for _ in 0..8 {
+        rest.push(app.order(&[("A", 1)], "2s").await);
+    }
+    refuse_updates_of(&app.ctx.db, backend, &refused).await;
+    // Deadlines past: the sweeper (off here) plays no part.
+    for id in &rest {
+        let order = app
+            .wait_status(id, "cancelled", Duration::from_secs(30))
+            .await;
+        assert_on_time(&order, "cancelled_at", "pay_deadline");
+    }
+    let parked = wait_until(
+        Duration::from_secs(30),
+        "the refused order's timeout parked",
+        || async {
+            let parked = app.drain_parked().await;
+            (!parked.is_empty()).then_some(parked)
+        },
+    )
+    .await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let (reason, detail, body) = &parked[0];
+    assert_eq!(reason, "database_refused");
+    assert!(detail.contains("test: this order is refused"), "{detail}");
+    let body: serde_json::Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(body["order_id"], json!(refused));
+    assert_eq!(app.get_order(&refused).await["status"], "pending_payment");
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 99, "reserved": 1, "sold": 0})
+    );
+}
+
+matrix!(one_refused_order_does_not_stop_the_rest);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_refused_order_does_not_stop_the_rest_mariadb() {
+    run(
+        Backend::MariaDb,
+        DelayMode::Ttl,
+        one_refused_order_does_not_stop_the_rest,
+    )
+    .await
+}
+
+/// Outbox rows as a checkout writes them, `n` of them.
+async fn outbox_rows(db: &DatabaseConnection, n: usize, kind: &str) {
+    let now = Millis::now();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        outbox::Entity::insert_many(chunk.iter().map(|i| outbox::ActiveModel {
+            order_id: Set(*i as i64 + 1),
+            kind: Set(kind.to_string()),
+            due_at_ms: Set(now.0 + 60_000),
+            created_at_ms: Set(now.0),
+            attempts: Set(0),
+            ..Default::default()
+        }))
+        .exec_without_returning(db)
+        .await
+        .unwrap();
+    }
+}
+
+/// Relays of four instances on one outbox: every row is claimed by exactly
+/// one of them; a claim whose relay died comes back when its lease ends.
+async fn relays_claim_disjoint_rows(backend: Backend) {
+    let app = spawn_app(
+        Spawn::new(backend, DelayMode::Ttl).env("ORDER_TIMEOUT__RELAY__ENABLED", "false"),
+    )
+    .await;
+    let db = Arc::new(app.ctx.db.clone());
+    outbox_rows(&db, 2000, "payment").await;
+    let mut relays = Vec::new();
+    for _ in 0..4 {
+        let db = db.clone();
+        relays.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let rows = store::outbox_claim(&db, 50, Millis::now()).await.unwrap();
+                if rows.is_empty() {
+                    return mine;
+                }
+                let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+                store::outbox_delete(&db, &ids).await.unwrap();
+                mine.extend(ids);
+            }
+        }));
+    }
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for relay in relays {
+        for id in relay.await.unwrap() {
+            total += 1;
+            assert!(seen.insert(id), "row {id} claimed twice");
+        }
+    }
+    assert_eq!(total, 2000);
+
+    // A relay that claimed rows and died: nobody else takes them until the
+    // lease is over, then anybody does.
+    outbox_rows(&db, 10, "payment").await;
+    let now = Millis::now();
+    let orphaned = store::outbox_claim(&db, 100, now).await.unwrap();
+    assert_eq!(orphaned.len(), 10);
+    assert!(store::outbox_claim(&db, 100, now).await.unwrap().is_empty());
+    let later = now.plus(CLAIM_LEASE + Duration::from_millis(1));
+    assert_eq!(
+        store::outbox_claim(&db, 100, later).await.unwrap().len(),
+        10
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_claim_disjoint_rows_sqlite() {
+    relays_claim_disjoint_rows(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_claim_disjoint_rows_postgres() {
+    relays_claim_disjoint_rows(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_claim_disjoint_rows_mariadb() {
+    relays_claim_disjoint_rows(Backend::MariaDb).await
+}
+
+/// Rows the broker refuses wait and are set aside after `relay.max_attempts`,
+/// and the rows behind them go out meanwhile. Only in ttl mode: the refusal
+/// comes from a queue (`overflow = reject-publish` on a full level), and the
+/// plugin's exchange confirms every message it takes, whatever its queues.
+async fn refused_rows_wait_and_are_set_aside(backend: Backend) {
+    let app = spawn_app(
+        Spawn::new(backend, DelayMode::Ttl)
+            .env("ORDER_TIMEOUT__RELAY__BATCH_SIZE", "2")
+            .env("ORDER_TIMEOUT__RELAY__MAX_ATTEMPTS", "3"),
+    )
+    .await;
+    // 40 s lands in level 5 (32 s); 2 s never touches it.
+    let full = app.names.level(5);
+    let policy = format!(
+        "{MANAGEMENT}/policies/{}/reject-level-5",
+        url_encode(&app.vhost)
+    );
+    let resp = management()
+        .put(&policy)
+        .basic_auth("guest", Some("guest"))
+        .json(&json!({
+            "pattern": format!("^{}$", regex_escape(&full)),
+            "definition": {"max-length": 0, "overflow": "reject-publish"},
+            "apply-to": "queues",
+            "priority": 10
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    wait_until(Duration::from_secs(20), "the policy applied", || async {
+        let q = api_get(&format!(
+            "/queues/{}/{}",
+            url_encode(&app.vhost),
+            url_encode(&full)
+        ))
+        .await;
+        (q["effective_policy_definition"]["overflow"] == "reject-publish").then_some(())
+    })
+    .await;
+
+    app.put_stock("A", 10).await;
+    let mut refused = Vec::new();
+    for _ in 0..3 {
+        refused.push(app.order(&[("A", 1)], "40s").await);
+    }
+    // Behind three refused rows, with two rows a round: published anyway.
+    let behind = app.order(&[("A", 1)], "2s").await;
+    let order = app
+        .wait_status(&behind, "cancelled", Duration::from_secs(20))
+        .await;
+    assert_on_time(&order, "cancelled_at", "pay_deadline");
+
+    wait_until(Duration::from_secs(60), "three rows set aside", || async {
+        (app.metric("order_timeout_outbox_set_aside", &[]).await == 3.0).then_some(())
+    })
+    .await;
+    let rows = outbox::Entity::find().all(&app.ctx.db).await.unwrap();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row.attempts, 3);
+        let reason = row.set_aside_reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.starts_with("refused 3 times by the broker"),
+            "{reason}"
+        );
+    }
+    assert!(
+        app.metric("order_timeout_outbox_publish_failures_total", &[])
+            .await
+            >= 9.0
+    );
+
+    // The operator removes the cause and puts the rows back, as the README says.
+    management()
+        .delete(&policy)
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    app.ctx
+        .db
+        .execute_unprepared(
+            "UPDATE outbox SET set_aside_at_ms = NULL, set_aside_reason = NULL, attempts = 0 \
+             WHERE set_aside_at_ms IS NOT NULL",
+        )
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(20), "the rows published", || async {
+        outbox::Entity::find()
+            .all(&app.ctx.db)
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    for id in &refused {
+        assert_eq!(app.get_order(id).await["status"], "pending_payment");
+    }
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                vec![c]
+            } else {
+                vec!['\\', c]
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_rows_wait_and_are_set_aside_sqlite() {
+    refused_rows_wait_and_are_set_aside(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_rows_wait_and_are_set_aside_postgres() {
+    refused_rows_wait_and_are_set_aside(Backend::Postgres).await
+}
+
+/// An outbox row of a kind this version does not know (a newer version wrote
+/// it) is set aside and kept, not deleted; the others go out as usual.
+async fn unknown_rows_are_kept(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    outbox_rows(&app.ctx.db, 1, "refund").await;
+    app.put_stock("A", 1).await;
+    let id = app.order(&[("A", 1)], "1500ms").await;
+    app.cancelled_on_time(&id, Duration::from_secs(20)).await;
+    wait_until(Duration::from_secs(20), "the row set aside", || async {
+        (app.metric("order_timeout_outbox_set_aside", &[]).await == 1.0).then_some(())
+    })
+    .await;
+    let rows = outbox::Entity::find().all(&app.ctx.db).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].kind, "refund");
+    assert!(rows[0].set_aside_at_ms.is_some());
+    let reason = rows[0].set_aside_reason.as_deref().unwrap_or_default();
+    assert!(reason.contains("does not know"), "{reason}");
+    assert_eq!(app.metric("order_timeout_outbox_backlog", &[]).await, 0.0);
+}
+
+matrix!(unknown_rows_are_kept);
+
+/// Whether another transaction can lock this row now (`FOR UPDATE NOWAIT`).
+async fn lockable(url: &str, table: &str, key: &str, value: &str) -> bool {
+    let db = Database::connect(url).await.unwrap();
+    let txn = db.begin().await.unwrap();
+    let ok = txn
+        .execute_unprepared(&format!(
+            "SELECT 1 FROM {table} WHERE {key} = '{value}' FOR UPDATE NOWAIT"
+        ))
+        .await
+        .is_ok();
+    let _ = txn.rollback().await;
+    let _ = db.close().await;
+    ok
+}
+
+/// Stock rows and order rows are locked in one order everywhere: SKUs in the
+/// order of the database's index on them (its collation: PostgreSQL's `C`
+/// sorts `B1` before `a1`, MariaDB's default collation the other way), by
+/// checkout and by every stock move alike; orders by id. Shown by holding the
+/// first row from another transaction: a checkout or a batch that needs it
+/// must wait there, before it locks any later row. SQLite has one writer at a
+/// time and takes no row locks.
+async fn locks_follow_one_order(backend: Backend) {
+    let app = spawn_app(
+        Spawn::new(backend, DelayMode::Ttl).env("ORDER_TIMEOUT__RELAY__ENABLED", "false"),
+    )
+    .await;
+    let url = database_url(&app);
+    let db = &app.ctx.db;
+    for sku in ["B1", "a1"] {
+        app.put_stock(sku, 100).await;
+    }
+    let items = |skus: &[&str]| -> Vec<NewItem> {
+        skus.iter()
+            .map(|s| NewItem {
+                sku: s.to_string(),
+                quantity: 1,
+            })
+            .collect()
+    };
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let order = store::checkout(
+            db,
+            &items(&["a1", "B1"]),
+            Duration::from_millis(1),
+            Millis::now(),
+        )
+        .await
+        .unwrap();
+        ids.push(order.id);
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let in_index_order: Vec<(String,)> = inventory::Entity::find()
+        .select_only()
+        .column(inventory::Column::Sku)
+        .order_by_asc(inventory::Column::Sku)
+        .into_tuple()
+        .all(db)
+        .await
+        .unwrap();
+    let (first, second) = (in_index_order[0].0.clone(), in_index_order[1].0.clone());
+
+    let holder = Database::connect(&url).await.unwrap();
+    for operation in ["checkout", "release"] {
+        let txn = holder.begin().await.unwrap();
+        txn.execute_unprepared(&format!(
+            "SELECT 1 FROM inventory WHERE sku = '{first}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+        let task = {
+            let db = db.clone();
+            let order = ids.pop().unwrap();
+            let items = items(&["a1", "B1"]);
+            tokio::spawn(async move {
+                match operation {
+                    "checkout" => {
+                        store::checkout(&db, &items, Duration::from_secs(60), Millis::now())
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    }
+                    _ => store::expire(
+                        &db,
+                        TimeoutKind::Payment,
+                        &[order],
+                        Millis::now(),
+                        Cause::Timeout,
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !task.is_finished(),
+            "{operation} did not wait for '{first}'"
+        );
+        assert!(
+            lockable(&url, "inventory", "sku", &second).await,
+            "{operation} locked '{second}' before '{first}'"
+        );
+        txn.rollback().await.unwrap();
+        task.await.unwrap().unwrap();
+    }
+
+    // Orders: the lowest id first, whatever order the batch lists them in.
+    let rest: Vec<OrderId> = ids.iter().rev().copied().collect();
+    let lowest = *ids.iter().min_by_key(|id| id.get()).unwrap();
+    let txn = holder.begin().await.unwrap();
+    txn.execute_unprepared(&format!(
+        "SELECT 1 FROM orders WHERE id = {} FOR UPDATE",
+        lowest.get()
+    ))
+    .await
+    .unwrap();
+    let batch = {
+        let db = db.clone();
+        let rest = rest.clone();
+        tokio::spawn(async move {
+            store::expire(
+                &db,
+                TimeoutKind::Payment,
+                &rest,
+                Millis::now(),
+                Cause::Timeout,
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!batch.is_finished());
+    let mut locked = BTreeMap::new();
+    for id in &rest {
+        if *id != lowest {
+            locked.insert(
+                id.get(),
+                !lockable(&url, "orders", "id", &id.get().to_string()).await,
+            );
+        }
+    }
+    assert!(
+        locked.values().all(|l| !l),
+        "the batch locked orders before the lowest id: {locked:?}"
+    );
+    txn.rollback().await.unwrap();
+    let outcomes = batch.await.unwrap().unwrap();
+    assert_eq!(outcomes.len(), rest.len());
+    let _ = holder.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_follow_one_order_postgres() {
+    locks_follow_one_order(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_follow_one_order_mariadb() {
+    locks_follow_one_order(Backend::MariaDb).await
+}
