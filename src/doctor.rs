@@ -162,6 +162,7 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
     let queues = topology::queues(names, mode, settings.amqp.queue_type);
     let mut missing = Vec::new();
     let mut differing = Vec::new();
+    let mut earlier = Vec::new();
     let mut backlog = Vec::new();
     for x in &exchanges {
         if !exists(&conn, &x.name, None).await {
@@ -171,7 +172,25 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
         })
         .await
         {
-            differing.push(format!("exchange {} ({})", x.name, short(&e)));
+            let as_before = match &x.earlier {
+                Some(args) => {
+                    let spec = topology::ExchangeSpec {
+                        arguments: args.clone(),
+                        ..x.clone()
+                    };
+                    on_fresh_channel(&conn, |ch| async move {
+                        topology::declare_exchange(&ch, &spec).await
+                    })
+                    .await
+                    .is_ok()
+                }
+                None => false,
+            };
+            if as_before {
+                earlier.push(format!("exchange {}", x.name));
+            } else {
+                differing.push(format!("exchange {} ({})", x.name, short(&e)));
+            }
         }
     }
     for q in &queues {
@@ -188,11 +207,42 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
         })
         .await
         {
-            differing.push(format!("queue {} ({})", q.name, short(&e)));
+            let as_before = match &q.earlier {
+                Some(args) => {
+                    let spec = topology::QueueSpec {
+                        arguments: args.clone(),
+                        ..q.clone()
+                    };
+                    on_fresh_channel(&conn, |ch| async move {
+                        topology::declare_queue(&ch, &spec).await.map(|_| ())
+                    })
+                    .await
+                    .is_ok()
+                }
+                None => false,
+            };
+            if as_before {
+                earlier.push(format!("queue {}", q.name));
+            } else {
+                differing.push(format!("queue {} ({})", q.name, short(&e)));
+            }
         }
     }
     let _ = conn.close(200, "doctor".into()).await;
-    if missing.is_empty() && differing.is_empty() {
+    if !earlier.is_empty() {
+        report.warn(
+            "topology",
+            format!(
+                "{} declared by an earlier version without an alternate or dead-letter exchange into {}: \
+                 a message that finds no queue there is dropped instead of parked. The service works as it is; \
+                 add them with the policies in the README (Upgrading from the previous version): {}",
+                earlier.len(),
+                names.parked(),
+                earlier.join(", ")
+            ),
+        );
+    }
+    if missing.is_empty() && differing.is_empty() && earlier.is_empty() {
         report.ok(
             "topology",
             format!(

@@ -417,6 +417,15 @@ impl Events {
         );
     }
 
+    /// Names an earlier version declared without this version's safety nets
+    /// (alternate and dead-letter exchanges into `parked`).
+    pub fn earlier_topology(&self, names: &[String]) {
+        tracing::warn!(
+            names = %names.join(", "),
+            "declared by an earlier version without an alternate or dead-letter exchange into parked:              a message that finds no queue there is dropped instead of parked;              `order-timeout doctor` and the README (Upgrading) say how to add them"
+        );
+    }
+
     /// The database failed; `role` pauses for `backoff`.
     pub fn paused(&self, role: &'static str, error: &str, backoff: Duration) {
         self.consumer_pauses.get_or_create(&[("role", role)]).inc();

@@ -11,10 +11,7 @@ use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::Context;
-use crate::db::{
-    self,
-    store::{self, Cause, ExpiryOutcome},
-};
+use crate::db::store::{self, Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderId, TimeoutKind};
 
 /// Sweeps every interval until shutdown.
@@ -94,7 +91,7 @@ async fn expire_isolating(
                 }
             }
             Err(e) => {
-                db::ping(&ctx.db).await?;
+                store::probe(&ctx.db, kind).await?;
                 if part.len() > 1 {
                     ctx.events.batch_split(kind, part.len(), &e.to_string());
                     let (left, right) = part.split_at(part.len() / 2);

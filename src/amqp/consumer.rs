@@ -31,10 +31,7 @@ use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
 use crate::app::Context;
-use crate::db::{
-    self,
-    store::{self, Cause, ExpiryOutcome},
-};
+use crate::db::store::{self, Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderId, TimeoutKind};
 
 /// A batch that starts this soon after the previous one is part of a flow, and
@@ -351,8 +348,8 @@ impl KindConsumer {
         self.settle(valid, decided).await
     }
 
-    /// Decides the orders of a batch. While the database is away, nothing is
-    /// decided: the consumer pauses with backoff and tries again, taking no new
+    /// Decides the orders of a batch. While the database is away (or refuses
+    /// every transition, see [`store::probe`]), nothing is decided: the consumer pauses with backoff and tries again, taking no new
     /// deliveries. When it answers but refuses the batch, the batch is split in
     /// halves, each decided on its own, down to the one order it refuses, which
     /// is tried [`ISOLATED_ATTEMPTS`] times, then given up (to be parked): one
@@ -381,9 +378,10 @@ impl KindConsumer {
                     }
                     Err(e) => e,
                 };
-                if db::ping(&self.ctx.db).await.is_err() {
-                    // Keep the deliveries unacked and take no new ones: the broker
-                    // keeps the rest, and nothing spins while the database is away.
+                if store::probe(&self.ctx.db, self.kind).await.is_err() {
+                    // The database is away or refuses every transition: keep the
+                    // deliveries unacked and take no new ones; the broker keeps
+                    // the rest, and nothing spins meanwhile.
                     self.ctx.health.set_database(false);
                     let delay = outage.next_delay();
                     self.ctx

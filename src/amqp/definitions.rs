@@ -150,7 +150,7 @@ mod tests {
         );
         assert_eq!(
             d["exchanges"][0],
-            json!({"name": "p", "type": "fanout", "durable": true, "auto_delete": false, "internal": false, "arguments": {}})
+            json!({"name": "p", "type": "fanout", "durable": true, "auto_delete": false, "internal": false, "arguments": {"alternate-exchange": "p.parked"}})
         );
         assert!(
             d.to_string().find("\"vhost\"").is_none(),

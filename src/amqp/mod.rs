@@ -163,9 +163,12 @@ pub async fn supervise<F, Fut>(
             let mode = ctx.delay_mode().await?;
             let conn = connect(&ctx.settings.amqp, role).await?;
             if role == DECLARER {
-                let channel = conn.create_channel().await?;
-                topology::declare(&channel, &ctx.names, mode, ctx.settings.amqp.queue_type).await?;
-                let _ = channel.close(200, "declared".into()).await;
+                let earlier =
+                    topology::declare(&conn, &ctx.names, mode, ctx.settings.amqp.queue_type)
+                        .await?;
+                if !earlier.is_empty() {
+                    ctx.events.earlier_topology(&earlier);
+                }
                 ctx.topology_declared();
             } else {
                 // Declared once per (re)connect by the router, not by every role.

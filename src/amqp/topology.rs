@@ -303,6 +303,9 @@ pub struct ExchangeSpec {
     pub kind: ExchangeType,
     /// Its arguments.
     pub arguments: Args,
+    /// The arguments an earlier version declared it with, still accepted on a
+    /// vhost that version set up (see [`declare`]).
+    pub earlier: Option<Args>,
 }
 
 /// One queue of the topology. Every one is durable, not exclusive, never auto-deleted.
@@ -312,6 +315,9 @@ pub struct QueueSpec {
     pub name: String,
     /// Its arguments.
     pub arguments: Args,
+    /// The arguments an earlier version declared it with, still accepted on a
+    /// vhost that version set up (see [`declare`]).
+    pub earlier: Option<Args>,
 }
 
 fn args(pairs: &[(&str, Arg)]) -> FieldTable {
@@ -343,29 +349,59 @@ fn queue_args(queue_type: QueueType, extra: Args) -> Args {
     pairs
 }
 
+/// What a message that no binding routes goes to: the parked exchange. Added
+/// in this version; a vhost an earlier version set up has exchanges without it
+/// (they declare as `earlier`).
+fn parking_alternate(names: &Names) -> (Args, Option<Args>) {
+    (
+        vec![("alternate-exchange", Arg::Text(names.parked()))],
+        Some(Vec::new()),
+    )
+}
+
+/// Where a work or ingest queue dead-letters what it cannot deliver (a
+/// message expired by a policy's TTL, dropped by a length limit, rejected by
+/// another client, or over a quorum queue's delivery limit): the parked
+/// exchange, not the void.
+fn parking_dead_letter(names: &Names, queue_type: QueueType) -> (Args, Option<Args>) {
+    let earlier = queue_args(queue_type, Vec::new());
+    let arguments = queue_args(
+        queue_type,
+        vec![("x-dead-letter-exchange", Arg::Text(names.parked()))],
+    );
+    (arguments, Some(earlier))
+}
+
 /// The exchanges of `mode`, in the order they are declared: the ones every
 /// mode shares, then the delay stage of `mode`.
 pub fn exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
+    let (alternate, earlier) = parking_alternate(names);
     let mut out = vec![
         // The entry exchange, the same in both modes. Fanout: every message
         // reaches the router whatever its routing key, so an unknown kind is
-        // parked with a reason instead of being dropped as unroutable.
+        // parked with a reason instead of being dropped as unroutable; and if
+        // the ingest queue is gone, the alternate exchange parks it.
         ExchangeSpec {
             name: names.entry().to_string(),
             kind: ExchangeType::Fanout,
-            arguments: Vec::new(),
+            arguments: alternate.clone(),
+            earlier: earlier.clone(),
         },
-        // Parked messages: kept until an operator looks at them.
+        // Parked messages: kept until an operator looks at them, and where the
+        // others' alternate exchange leads.
         ExchangeSpec {
             name: names.parked(),
             kind: ExchangeType::Fanout,
             arguments: Vec::new(),
+            earlier: None,
         },
-        // Due side: topic, because TTL routing keys carry the delay bits before the kind.
+        // Due side: topic, because TTL routing keys carry the delay bits before
+        // the kind. A due timer whose work queue binding is gone is parked.
         ExchangeSpec {
             name: names.due(),
             kind: ExchangeType::Topic,
-            arguments: Vec::new(),
+            arguments: alternate,
+            earlier,
         },
     ];
     out.extend(stage_exchanges(names, mode));
@@ -375,44 +411,60 @@ pub fn exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
 /// The exchanges of one delay stage only.
 pub fn stage_exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
     match mode {
+        // A timer that finds no level or binding on its way down is parked.
         Mode::Ttl => (0..=LEVELS)
-            .map(|l| ExchangeSpec {
-                name: names.out(l),
-                kind: ExchangeType::Topic,
-                arguments: Vec::new(),
+            .map(|l| {
+                let (arguments, earlier) = parking_alternate(names);
+                ExchangeSpec {
+                    name: names.out(l),
+                    kind: ExchangeType::Topic,
+                    arguments,
+                    earlier,
+                }
             })
             .collect(),
         // The plugin holds each message for its `x-delay`, then routes it as a
-        // direct exchange would: by kind, to the due exchange.
+        // direct exchange would: by kind, to the due exchange. No alternate
+        // exchange: the plugin hands every message it delays to it at once.
         Mode::Plugin => vec![ExchangeSpec {
             name: names.delay(),
             kind: ExchangeType::DelayedMessage,
             arguments: vec![("x-delayed-type", Arg::Text("direct".into()))],
+            earlier: None,
         }],
     }
 }
 
 /// The queues of `mode`, in the order they are declared.
 pub fn queues(names: &Names, mode: Mode, queue_type: QueueType) -> Vec<QueueSpec> {
+    let dead_letter = || parking_dead_letter(names, queue_type);
+    let (arguments, earlier) = dead_letter();
     let mut out = vec![
         QueueSpec {
             name: names.ingest(),
-            arguments: queue_args(queue_type, Vec::new()),
+            arguments,
+            earlier,
         },
-        // Parked messages never expire.
+        // Parked messages never expire, and dead-letter nowhere.
         QueueSpec {
             name: names.parked(),
             arguments: queue_args(queue_type, Vec::new()),
+            earlier: None,
         },
     ];
-    out.extend(TimeoutKind::ALL.map(|kind| QueueSpec {
-        name: names.work(kind),
-        arguments: queue_args(queue_type, Vec::new()),
+    out.extend(TimeoutKind::ALL.map(|kind| {
+        let (arguments, earlier) = dead_letter();
+        QueueSpec {
+            name: names.work(kind),
+            arguments,
+            earlier,
+        }
     }));
     if mode == Mode::Ttl {
         out.extend((0..LEVELS).map(|l| QueueSpec {
             name: names.level(l),
             arguments: queue_args(queue_type, level_args(names, l, queue_type)),
+            earlier: None,
         }));
     }
     out
@@ -532,30 +584,61 @@ async fn bind(channel: &Channel, b: &Binding, nowait: bool) -> Result<(), lapin:
 /// Declares the whole topology of `mode`: the shared part and the delay stage
 /// of `mode`. Idempotent; run on every (re)connect so a broker that lost its
 /// definitions gets them back. The other mode's stage is left as it is: timers
-/// still waiting there drain into `due` (see the module note). Fails with 406
-/// PRECONDITION_FAILED when a name exists with other arguments (an entry
-/// exchange left as `x-delayed-message` by an earlier version in plugin mode): `doctor`
-/// explains that case. [`exchanges`], [`queues`] and [`bindings`] say what;
-/// `definitions` exports the same.
+/// still waiting there drain into `due` (see the module note).
+///
+/// A name an earlier version declared with fewer arguments (no alternate
+/// exchange, no dead-letter exchange into `parked`) is accepted as it is: the
+/// broker refuses to change an existing name's arguments, and deleting it
+/// would drop what is flowing through it. Those names are returned, for a
+/// warning; `doctor` and the README say how to bring them up to date. Fails
+/// with 406 PRECONDITION_FAILED when a name exists with arguments no version
+/// gave it (an entry exchange left as `x-delayed-message` by an earlier
+/// version in plugin mode): `doctor` explains that case. [`exchanges`],
+/// [`queues`] and [`bindings`] say what; `definitions` exports the same.
 pub async fn declare(
-    channel: &Channel,
+    conn: &Connection,
     names: &Names,
     mode: Mode,
     queue_type: QueueType,
-) -> Result<(), lapin::Error> {
+) -> Result<Vec<String>, lapin::Error> {
+    let mut channel = conn.create_channel().await?;
+    let mut earlier = Vec::new();
     for x in exchanges(names, mode) {
-        declare_exchange(channel, &x).await?;
+        if let Err(e) = declare_exchange(&channel, &x).await {
+            let Some(args) = x.earlier.as_ref().filter(|_| is_precondition_failed(&e)) else {
+                return Err(e);
+            };
+            // The 406 closed the channel.
+            channel = conn.create_channel().await?;
+            let spec = ExchangeSpec {
+                arguments: args.clone(),
+                ..x.clone()
+            };
+            declare_exchange(&channel, &spec).await?;
+            earlier.push(x.name.clone());
+        }
     }
     for q in queues(names, mode, queue_type) {
-        declare_queue(channel, &q).await?;
+        if let Err(e) = declare_queue(&channel, &q).await {
+            let Some(args) = q.earlier.as_ref().filter(|_| is_precondition_failed(&e)) else {
+                return Err(e);
+            };
+            channel = conn.create_channel().await?;
+            let spec = QueueSpec {
+                arguments: args.clone(),
+                ..q.clone()
+            };
+            declare_queue(&channel, &spec).await?;
+            earlier.push(q.name.clone());
+        }
     }
     for b in core_bindings(names) {
-        bind(channel, &b, false).await?;
+        bind(&channel, &b, false).await?;
     }
     match mode {
         Mode::Plugin => {
             for b in plugin_bindings(names) {
-                bind(channel, &b, false).await?;
+                bind(&channel, &b, false).await?;
             }
         }
         Mode::Ttl => {
@@ -563,7 +646,7 @@ pub async fn declare(
             // declaring costs one round trip, not 1,350. A failed binding closes the
             // channel, which the synchronous declare below then reports.
             for b in level_bindings(names) {
-                bind(channel, &b, true).await?;
+                bind(&channel, &b, true).await?;
             }
             channel
                 .exchange_declare(
@@ -578,7 +661,14 @@ pub async fn declare(
                 .await?;
         }
     }
-    Ok(())
+    let _ = channel.close(200, "declared".into()).await;
+    Ok(earlier)
+}
+
+/// The broker refused a declaration because the name exists with other
+/// arguments or another type (406).
+pub fn is_precondition_failed(e: &lapin::Error) -> bool {
+    e.to_string().contains("PRECONDITION_FAILED")
 }
 
 /// Declares one exchange as [`declare`] does. On an existing exchange this

@@ -276,8 +276,8 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<
     };
     let conn = ctx.broker("delay path").await?;
     let names = Names::new(&format!("{}.ceiling", ctx.prefix));
+    topology::declare(&conn, &names, mode, QueueType::Classic).await?;
     let channel = conn.create_channel().await?;
-    topology::declare(&channel, &names, mode, QueueType::Classic).await?;
     let result = async {
         channel
             .confirm_select(ConfirmSelectOptions::default())

@@ -752,6 +752,17 @@ pub async fn expire(
     Ok(outcomes)
 }
 
+/// Whether the database accepts a transition of `kind` at all: the same
+/// statements as [`expire`], for an id no order has. When a batch fails and
+/// this succeeds, the batch itself is the problem (one order a trigger or a
+/// constraint refuses); when this fails too, the database is (away, a table
+/// renamed, a migration half done), and nothing is to be given up.
+pub async fn probe(db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {
+    expire(db, kind, &[OrderId::new(0)], Millis::now(), Cause::Timeout)
+        .await
+        .map(|_| ())
+}
+
 fn not_flagged(kind: TimeoutKind, order: &orders::Model) -> bool {
     kind != TimeoutKind::Fulfillment || order.fulfillment_overdue_at_ms.is_none()
 }

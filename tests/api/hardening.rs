@@ -613,3 +613,189 @@ async fn locks_follow_one_order_postgres() {
 async fn locks_follow_one_order_mariadb() {
     locks_follow_one_order(Backend::MariaDb).await
 }
+
+/// Removes both bindings of the due exchange to one work queue, as a stale
+/// topology or an operator's slip would.
+async fn unbind_work_queue(app: &TestApp, kind: TimeoutKind) {
+    let vhost = url_encode(&app.vhost);
+    let due = url_encode(&app.names.due());
+    let work = url_encode(&app.names.work(kind));
+    let bindings = api_get(&format!("/bindings/{vhost}/e/{due}/q/{work}")).await;
+    let bindings = bindings.as_array().cloned().unwrap_or_default();
+    assert_eq!(bindings.len(), 2, "{bindings:?}");
+    for b in bindings {
+        let props = url_encode(b["properties_key"].as_str().unwrap());
+        let resp = management()
+            .delete(format!(
+                "{MANAGEMENT}/bindings/{vhost}/e/{due}/q/{work}/{props}"
+            ))
+            .basic_auth("guest", Some("guest"))
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{}", resp.status());
+    }
+}
+
+/// A timer that comes due with no queue bound for it is parked by the due
+/// exchange's alternate exchange, not dropped after the broker confirmed it.
+async fn unroutable_timers_are_parked(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 1).await;
+    let id = app.order(&[("A", 1)], "2s").await;
+    unbind_work_queue(&app, TimeoutKind::Payment).await;
+    let parked = wait_until(Duration::from_secs(30), "the timer parked", || async {
+        let parked = app.drain_parked().await;
+        (!parked.is_empty()).then_some(parked)
+    })
+    .await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let body: serde_json::Value = serde_json::from_slice(&parked[0].2).unwrap();
+    assert_eq!(body["order_id"], json!(id));
+    assert_eq!(body["kind"], "payment");
+    // Nothing decided it: the order waits for the sweeper (off here).
+    assert_eq!(app.get_order(&id).await["status"], "pending_payment");
+}
+
+matrix!(unroutable_timers_are_parked);
+
+/// A message a work queue cannot deliver (here: expired by its own TTL while
+/// the service is stopped; a length limit, a reject or a quorum queue's
+/// delivery limit go the same way) is dead-lettered into `parked`. The work
+/// queues are the same in both modes: ttl only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_queues_dead_letter_into_parked() {
+    let mut app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
+    app.stop().await;
+    let conn = app.amqp().await;
+    let channel = conn.create_channel().await.unwrap();
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let body = json!({"order_id": "1", "kind": "receipt"}).to_string();
+    channel
+        .basic_publish(
+            "".into(),
+            app.names.work(TimeoutKind::Receipt).as_str().into(),
+            lapin::options::BasicPublishOptions::default(),
+            body.as_bytes(),
+            contract_properties(Default::default()).with_expiration("1".into()),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let _ = conn.close(200, "done".into()).await;
+    let parked = wait_until(Duration::from_secs(20), "the message parked", || async {
+        let parked = app.drain_parked().await;
+        (!parked.is_empty()).then_some(parked)
+    })
+    .await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].2, body.as_bytes());
+}
+
+/// A vhost an earlier version set up (no alternate or dead-letter exchange
+/// into `parked`) keeps working with no manual step, and `doctor` says what it
+/// lacks and where the README says how to add it.
+async fn an_earlier_topology_still_works(backend: Backend, mode: DelayMode) {
+    use order_timeout::amqp::topology::{self, ExchangeSpec, Mode, QueueSpec, QueueType};
+    let vhost = Vhost::create().await;
+    let conn = lapin::Connection::connect(
+        &format!("{BROKER}/{}", vhost.name()),
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let names = topology::Names::new("order.timeouts");
+    let mode = match mode {
+        DelayMode::Ttl => Mode::Ttl,
+        DelayMode::Plugin => Mode::Plugin,
+    };
+    let mut before = 0;
+    for x in topology::exchanges(&names, mode) {
+        let spec = ExchangeSpec {
+            arguments: x.earlier.clone().unwrap_or(x.arguments.clone()),
+            ..x
+        };
+        before += usize::from(spec.earlier.is_some());
+        topology::declare_exchange(&channel, &spec).await.unwrap();
+    }
+    for q in topology::queues(&names, mode, QueueType::Classic) {
+        let spec = QueueSpec {
+            arguments: q.earlier.clone().unwrap_or(q.arguments.clone()),
+            ..q
+        };
+        before += usize::from(spec.earlier.is_some());
+        topology::declare_queue(&channel, &spec).await.unwrap();
+    }
+    let _ = conn.close(200, "done".into()).await;
+
+    let app = spawn_app(Spawn::new(backend, mode_of(mode)).vhost(vhost)).await;
+    app.put_stock("A", 1).await;
+    let id = app.order(&[("A", 1)], "1500ms").await;
+    app.cancelled_on_time(&id, Duration::from_secs(20)).await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+        .arg("doctor")
+        .envs(app.env.clone())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "{before} declared by an earlier version without an alternate or dead-letter exchange"
+        )),
+        "{stdout}"
+    );
+
+    // The README's policies give such a vhost the same safety nets.
+    let vhost = url_encode(&app.vhost);
+    for (name, apply_to, pattern, key) in [
+        (
+            "order-timeout-alternate",
+            "exchanges",
+            r"^order\.timeouts(\.due|\.out\.[0-9]{2})?$",
+            "alternate-exchange",
+        ),
+        (
+            "order-timeout-dead-letter",
+            "queues",
+            r"^order\.timeouts\.(ingest|work\.[a-z]+)$",
+            "dead-letter-exchange",
+        ),
+    ] {
+        let resp = management()
+            .put(format!("{MANAGEMENT}/policies/{vhost}/{name}"))
+            .basic_auth("guest", Some("guest"))
+            .json(&json!({
+                "pattern": pattern,
+                "apply-to": apply_to,
+                "definition": {key: "order.timeouts.parked"},
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{}", resp.status());
+    }
+    unbind_work_queue(&app, TimeoutKind::Payment).await;
+    app.put_stock("A", 1).await;
+    let id = app.order(&[("A", 1)], "1500ms").await;
+    let parked = wait_until(Duration::from_secs(30), "the timer parked", || async {
+        let parked = app.drain_parked().await;
+        (!parked.is_empty()).then_some(parked)
+    })
+    .await;
+    let body: serde_json::Value = serde_json::from_slice(&parked[0].2).unwrap();
+    assert_eq!(body["order_id"], json!(id));
+}
+
+fn mode_of(mode: order_timeout::amqp::topology::Mode) -> DelayMode {
+    match mode {
+        order_timeout::amqp::topology::Mode::Ttl => DelayMode::Ttl,
+        order_timeout::amqp::topology::Mode::Plugin => DelayMode::Plugin,
+    }
+}
+
+matrix!(an_earlier_topology_still_works);
