@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the README's quick-start example against `make run`: the service on its
 # defaults (SQLite file, local broker, port 8080), with only the broker vhost
-# and the database file redirected so the run leaves nothing behind.
+# and the database file redirected so the run leaves nothing behind, and an
+# admin token configured and exported as ORDER_TIMEOUT_TOKEN, which the example
+# sends (a deployment's way; on loopback without tokens it sends none).
 #
 #   scripts/readme-example.sh [MODE ...]   amqp.delay_mode for each run (default: auto)
 #
@@ -48,6 +50,9 @@ curl -sf -u guest:guest -X PUT -H 'content-type: application/json' \
 export ORDER_TIMEOUT__AMQP__URL="amqp://guest:guest@127.0.0.1:5672/$vhost"
 export ORDER_TIMEOUT__DATABASE__URL="sqlite://$workdir/order-timeout.db?mode=rwc"
 export ORDER_TIMEOUT__AMQP__DELAY_MODE="$mode"
+ORDER_TIMEOUT_TOKEN="readme-$(cat /proc/sys/kernel/random/uuid 2>/dev/null || uuidgen)"
+export ORDER_TIMEOUT_TOKEN ORDER_TIMEOUT__HTTP__ADMIN_TOKENS="$ORDER_TIMEOUT_TOKEN"
+auth=(-H "authorization: Bearer $ORDER_TIMEOUT_TOKEN")
 setsid make run >"$log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do
@@ -56,6 +61,10 @@ for _ in $(seq 1 600); do
     sleep 1
 done
 curl -sf http://127.0.0.1:8080/readyz >/dev/null || { cat "$log"; echo "readme-example: service not ready" >&2; exit 1; }
+
+# Without the token the API refuses, and says how to authenticate.
+anonymous=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8080/inventory/TSHIRT)
+[[ "$anonymous" == 401 ]] || { echo "readme-example: a call without a token answered $anonymous, not 401" >&2; exit 1; }
 
 # The example, exactly as the README shows it.
 example=$(awk '/<!-- readme-example:start -->/{on=1; next} /<!-- readme-example:end -->/{on=0} on && !/^```/' README.md)
@@ -68,7 +77,7 @@ stock=$(grep '"sku":"TSHIRT"' <<<"$output" | tail -n 1)
 grep -q '"status":"cancelled"' <<<"$order" || { echo "readme-example: order 1 was not cancelled: $order" >&2; exit 1; }
 grep -q '"available":10,"reserved":0' <<<"$stock" || { echo "readme-example: stock not back: $stock" >&2; exit 1; }
 # Cancelled by its timer through the delay stage, not caught later by the sweeper.
-audit=$(curl -sf "http://127.0.0.1:8080/orders/1?include=audit")
+audit=$(curl -sf "${auth[@]}" "http://127.0.0.1:8080/orders/1?include=audit")
 grep -q '"event":"cancelled"[^}]*"cause":"timeout"\|"cause":"timeout"[^}]*"event":"cancelled"' <<<"$audit" \
     || { echo "readme-example: order 1 was not cancelled by its timer: $audit" >&2; exit 1; }
 chosen=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -o 'delay mode chosen.*' | head -n 1 || true)

@@ -80,6 +80,11 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
     settings.database.migrate_on_start = true;
     settings.amqp.prefix = format!("order-timeout-demo.{tag}");
     settings.http.bind = "127.0.0.1:0".parse()?;
+    // Its own API, called the way production calls it: with a bearer token of
+    // its own, random for this run (and the only one its service accepts).
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    settings.http.admin_tokens = vec![Secret::opaque(token.clone())];
+    settings.http.checkout_tokens = Vec::new();
     settings.sweeper.enabled = true;
     settings.sweeper.interval = Duration::from_secs(1);
     settings.sweeper.grace = Duration::from_secs(3);
@@ -97,7 +102,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<ExitCode> {
     let ctx = app.context();
     let shutdown = CancellationToken::new();
     let service = tokio::spawn(app.run(shutdown.clone()));
-    let outcome = drive(&style, &base).await;
+    let outcome = drive(&style, &base, &token).await;
     let mode = ctx.resolved_mode();
 
     shutdown.cancel();
@@ -158,9 +163,16 @@ fn unready(answer: Option<&Value>) -> String {
     }
 }
 
-async fn drive(style: &Style, base: &str) -> anyhow::Result<()> {
+async fn drive(style: &Style, base: &str, token: &str) -> anyhow::Result<()> {
+    let mut authorization = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
+    authorization.set_sensitive(true);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
+        .default_headers(
+            [(reqwest::header::AUTHORIZATION, authorization)]
+                .into_iter()
+                .collect(),
+        )
         .build()?;
     let started = Instant::now();
     loop {

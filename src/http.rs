@@ -1,30 +1,39 @@
 //! The HTTP API (JSON). Errors are `{"error": "..."}` with a fitting status:
-//! 400 for a body or path that does not parse, 404 for what does not exist,
-//! 409 for a transition the order's state forbids or stock that is short, 422
-//! for well-formed input that makes no sense, 503 when the database is away.
+//! 400 for a body or path that does not parse, 401 without a valid bearer
+//! token, 403 for a token whose scope does not allow the request, 404 for what
+//! does not exist, 409 for a transition the order's state forbids or stock that
+//! is short, 422 for well-formed input that makes no sense, 503 when the
+//! database is away. Authentication ([`crate::auth`]) runs as a middleware
+//! after routing and before any handler, so a refused request reads no body
+//! and changes nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::app::Context;
+use crate::auth::{self, Access, Denied, Need, Scope};
 use crate::db;
 use crate::db::store::{
     self, Action, CheckoutError, NewItem, OrderView, StockView, TransitionError,
 };
 use crate::domain::{Millis, OrderId, OrderStatus};
-use crate::settings::parse_window;
+use crate::metrics::Events;
+use crate::settings::{Windows, parse_window};
 
 /// Requests are small; anything larger is refused before it is read.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -42,6 +51,8 @@ pub struct ApiError {
     message: String,
     /// The order's current status, on a 409 about a transition.
     current: Option<OrderStatus>,
+    /// The `WWW-Authenticate` challenge, on a 401 or 403.
+    challenge: Option<&'static str>,
 }
 
 impl ApiError {
@@ -50,6 +61,7 @@ impl ApiError {
             status,
             message: message.into(),
             current: None,
+            challenge: None,
         }
     }
     fn bad_request(message: impl Into<String>) -> Self {
@@ -69,7 +81,46 @@ impl IntoResponse for ApiError {
         if let Some(status) = self.current {
             body["status"] = json!(status.as_str());
         }
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(challenge) = self.challenge {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
+        }
+        response
+    }
+}
+
+impl From<Denied> for ApiError {
+    /// 401 with a challenge without a valid token (RFC 6750: `invalid_token`
+    /// when one was presented), 403 naming the scope for a token that has
+    /// another.
+    fn from(denied: Denied) -> Self {
+        let (status, message, challenge) = match denied {
+            Denied::Missing => (
+                StatusCode::UNAUTHORIZED,
+                "this endpoint needs a bearer token: Authorization: Bearer <token>".to_string(),
+                "Bearer",
+            ),
+            Denied::Invalid => (
+                StatusCode::UNAUTHORIZED,
+                "the bearer token is not valid".to_string(),
+                "Bearer error=\"invalid_token\"",
+            ),
+            Denied::Forbidden { needs } => (
+                StatusCode::FORBIDDEN,
+                format!("this needs a token of the {} scope", needs.as_str()),
+                match needs {
+                    Scope::Admin => "Bearer error=\"insufficient_scope\", scope=\"admin\"",
+                    Scope::Checkout => "Bearer error=\"insufficient_scope\", scope=\"checkout\"",
+                },
+            ),
+        };
+        Self {
+            challenge: Some(challenge),
+            ..Self::new(status, message)
+        }
     }
 }
 
@@ -100,9 +151,11 @@ impl From<TransitionError> for ApiError {
         match e {
             TransitionError::NotFound(id) => Self::not_found(format!("order {id} not found")),
             TransitionError::Conflict { order, reason, .. } => Self {
-                status: StatusCode::CONFLICT,
-                message: format!("order {} is {}: {reason}", order.id, order.status),
                 current: Some(order.status),
+                ..Self::new(
+                    StatusCode::CONFLICT,
+                    format!("order {} is {}: {reason}", order.id, order.status),
+                )
             },
             TransitionError::Db(e) => e.into(),
         }
@@ -136,9 +189,13 @@ struct ErrorBody {
     status: Option<String>,
 }
 
-/// The routes and the OpenAPI document they make.
-fn routes() -> (Router<Arc<Context>>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The name of the bearer scheme in the OpenAPI document.
+const BEARER: &str = "bearer";
+
+/// The routes and the OpenAPI document they make, with the security each
+/// route asks for (`/readyz` and `/metrics` too when `protect_operations`).
+fn routes(protect_operations: bool) -> (Router<Arc<Context>>, utoipa::openapi::OpenApi) {
+    let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(put_inventory, get_inventory))
         .routes(routes!(create_order))
         .routes(routes!(get_order))
@@ -146,18 +203,88 @@ fn routes() -> (Router<Arc<Context>>, utoipa::openapi::OpenApi) {
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(metrics))
-        .split_for_parts()
+        .split_for_parts();
+    declare_security(&mut doc, protect_operations);
+    (router, doc)
 }
 
-/// The OpenAPI document of the HTTP API, as `/openapi.json` serves it.
+/// Adds the bearer scheme and, to every operation that needs a token, its
+/// requirement (the scope as a role name, which OpenAPI 3.1 allows for http
+/// schemes) and its 401 and 403 answers. What needs what comes from
+/// [`auth::need`], the function the middleware asks, so the two cannot differ.
+fn declare_security(doc: &mut utoipa::openapi::OpenApi, protect_operations: bool) {
+    let scheme = HttpBuilder::new()
+        .scheme(HttpAuthScheme::Bearer)
+        .description(Some(
+            "A token from `http.checkout_tokens` (checkout and the buyer's actions) or \
+             `http.admin_tokens` (also inventory and `ship`). A service bound to loopback \
+             with no token configured asks for none.",
+        ))
+        .build();
+    doc.components
+        .get_or_insert_with(Default::default)
+        .add_security_scheme(BEARER, SecurityScheme::Http(scheme));
+    let error = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build()
+    };
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let scopes: Vec<&str> = match auth::need(Some(path), None) {
+            Need::Open => continue,
+            Need::Operations if !protect_operations => continue,
+            Need::Operations => Vec::new(),
+            Need::Scope(scope) => vec![scope.as_str()],
+        };
+        // Shipping is the one action of the admin scope.
+        let admin_somewhere = auth::need(Some(path), Some("ship")) == Need::Scope(Scope::Admin);
+        for op in [&mut item.get, &mut item.put, &mut item.post]
+            .into_iter()
+            .flatten()
+        {
+            op.security = Some(vec![SecurityRequirement::new(BEARER, scopes.clone())]);
+            op.responses.responses.insert(
+                "401".into(),
+                error("No bearer token, or one that is not valid (`WWW-Authenticate: Bearer`); nothing was done").into(),
+            );
+            if admin_somewhere {
+                op.responses.responses.insert(
+                    "403".into(),
+                    error("A valid token without the admin scope (inventory and `ship` need it); nothing was done").into(),
+                );
+            }
+        }
+    }
+}
+
+/// The OpenAPI document of the HTTP API as `/openapi.json` serves it with
+/// `http.protect_operations` off (the default).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    routes().1
+    routes(false).1
+}
+
+/// What the authentication middleware needs.
+struct Gate {
+    /// The tokens and what they may do.
+    access: Access,
+    /// Where refusals are counted.
+    events: Arc<Events>,
 }
 
 /// All routes over the shared context.
 pub fn router(ctx: Arc<Context>) -> Router {
-    let (routes, doc) = routes();
+    let (routes, doc) = routes(ctx.settings.http.protect_operations);
     let doc = Arc::new(doc);
+    let gate = Arc::new(Gate {
+        access: Access::new(&ctx.settings.http),
+        events: ctx.events.clone(),
+    });
     routes
         .route(
             "/openapi.json",
@@ -173,8 +300,38 @@ pub fn router(ctx: Arc<Context>) -> Router {
                 "method not allowed on this endpoint",
             )
         })
+        // `Router::layer` wraps each route after matching, so the middleware
+        // sees the matched template; it runs before the body limit and any
+        // extractor, so a refused request is never read.
+        .layer(middleware::from_fn_with_state(gate, authenticate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(ctx)
+}
+
+/// The authentication middleware: what the matched route needs, against the
+/// request's `Authorization` header.
+async fn authenticate(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    let template = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str);
+    let action = request.uri().path().rsplit('/').next();
+    let need = auth::need(template, action);
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    match gate.access.check(need, authorization) {
+        Ok(()) => next.run(request).await,
+        Err(denied) => {
+            gate.events.auth_refused(
+                denied.reason(),
+                request.method().as_str(),
+                &crate::domain::truncate(request.uri().path(), 64),
+            );
+            ApiError::from(denied).into_response()
+        }
+    }
 }
 
 fn check_sku(sku: &str) -> Result<(), ApiError> {
@@ -277,10 +434,11 @@ struct OrderBody {
     payment_window: Option<String>,
 }
 
-/// Validates a checkout request into items and a window.
+/// Validates a checkout request into items and a window: the default
+/// payment window, or the one asked for, at most `windows.max_payment`.
 fn checkout_request(
     body: OrderBody,
-    default_window: Duration,
+    windows: &Windows,
 ) -> Result<(Vec<NewItem>, Duration), ApiError> {
     if body.items.is_empty() {
         return Err(ApiError::unprocessable("an order needs at least one item"));
@@ -311,10 +469,17 @@ fn checkout_request(
         });
     }
     let window = match body.payment_window {
-        None => default_window,
+        None => windows.payment,
         Some(text) => parse_window("payment_window", &text)
             .map_err(|e| ApiError::unprocessable(e.to_string()))?,
     };
+    if window > windows.max_payment {
+        return Err(ApiError::unprocessable(format!(
+            "payment_window {} is longer than the maximum, {} (windows.max_payment)",
+            humantime::format_duration(window),
+            humantime::format_duration(windows.max_payment)
+        )));
+    }
     Ok((items, window))
 }
 
@@ -328,7 +493,7 @@ fn checkout_request(
         (status = 409, description = "Stock is short; nothing was reserved", body = ErrorBody),
         (status = 413, description = "Body over 64 KiB", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 422, description = "Unknown SKU, quantity outside 1..1000000, no items, a SKU twice, a window outside 1 ms..49.7 days", body = ErrorBody),
+        (status = 422, description = "Unknown SKU, quantity outside 1..1000000, no items, a SKU twice, a window under 1 ms or over `windows.max_payment` (default 7 days); nothing was reserved", body = ErrorBody),
         (status = 400, description = "A body or path that does not parse", body = ErrorBody),
         (status = 503, description = "The database is unavailable", body = ErrorBody)
     )
@@ -338,7 +503,7 @@ async fn create_order(
     body: Result<Json<OrderBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    let (items, window) = checkout_request(body, ctx.settings.windows.payment)?;
+    let (items, window) = checkout_request(body, &ctx.settings.windows)?;
     match store::checkout(&ctx.db, &items, window, Millis::now()).await {
         Ok(order) => {
             // The outbox row is committed: let the relay publish it now.

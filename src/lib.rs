@@ -10,12 +10,14 @@
 //! - [`amqp`]: the wire contract, the topology of both delay modes, the router,
 //!   the consumers and the outbox relay, each on a supervised connection;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
-//! - [`http`]: the JSON API; [`metrics`]: events that log and count;
+//! - [`http`]: the JSON API, behind [`auth`] (bearer tokens and their
+//!   scopes); [`metrics`]: events that log and count;
 //! - [`app`]: wiring and the run loop; [`doctor`] and [`cli`]: the subcommands;
 //! - [`bench`]: `order-timeout bench`, the service measured as a black box.
 
 pub mod amqp;
 pub mod app;
+pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod db;

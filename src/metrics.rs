@@ -58,6 +58,7 @@ pub struct Events {
     held: Gauge,
     redelayed: Family<Labels1, Counter>,
     waiting_timers: Family<Labels1, Gauge>,
+    auth_refused: Family<Labels1, Counter>,
     /// Whether the last read of the delay stages failed (logged on change only).
     stages_unreadable: AtomicBool,
     /// Whether the last readiness check found the database down (logged on change only).
@@ -200,6 +201,12 @@ impl Events {
             "Timers waiting in each delay stage that exists in the vhost (ttl: the level queues; plugin: the delayed-message exchange), read from the broker's management API every 5 s; absent while it cannot be read",
             waiting_timers.clone(),
         );
+        let auth_refused = Family::<Labels1, Counter>::default();
+        registry.register(
+            "http_auth_refused",
+            "HTTP requests refused before any handler ran, by reason (missing_token, invalid_token, insufficient_scope)",
+            auth_refused.clone(),
+        );
         Arc::new(Self {
             registry,
             timeouts,
@@ -223,6 +230,7 @@ impl Events {
             held,
             redelayed,
             waiting_timers,
+            auth_refused,
             stages_unreadable: AtomicBool::new(false),
             database_unready: AtomicBool::new(false),
         })
@@ -278,6 +286,19 @@ impl Events {
         } else {
             tracing::info!(order_id = %id, action = action_name(action), status = status.as_str(), outcome = "refused", "action refused");
         }
+    }
+
+    /// An HTTP request was refused by authentication (never with the token
+    /// itself: a wrong one may be a real one of another system, or a typo of
+    /// ours). Logged at debug: anyone who reaches the port can cause it.
+    pub fn auth_refused(&self, reason: &'static str, method: &str, path: &str) {
+        self.auth_refused.get_or_create(&[("reason", reason)]).inc();
+        tracing::debug!(
+            reason,
+            method,
+            path,
+            "HTTP request refused by authentication"
+        );
     }
 
     /// A delivery arrived on a queue role (`ingest`, `payment`, …).

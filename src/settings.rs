@@ -45,9 +45,21 @@ const DEFAULTS: &[(&str, &str)] = &[
     // the credentials of amqp.url; `off`: not used.
     ("amqp.management_url", ""),
     ("http.bind", "127.0.0.1:8080"),
+    // Bearer tokens, comma-separated (old,new while one is rotated). None on a
+    // loopback bind leaves the API open, as in development.
+    ("http.checkout_tokens", ""),
+    ("http.admin_tokens", ""),
+    // A non-loopback bind without tokens stops start-up unless this says the
+    // API is meant to be open to whoever reaches it.
+    ("http.allow_anonymous", "false"),
+    // `/readyz` and `/metrics` need a token of either scope (`/healthz` never does).
+    ("http.protect_operations", "false"),
     ("windows.payment", "30m"),
     ("windows.fulfillment", "7d"),
     ("windows.receipt", "14d"),
+    // The longest `payment_window` a checkout may ask for: a longer one would
+    // hold stock out of sale for that long.
+    ("windows.max_payment", "7d"),
     ("consumer.batch_size", "200"),
     ("consumer.batch_wait", "5ms"),
     ("consumer.hold_max", "1s"),
@@ -96,20 +108,46 @@ pub enum LogFormat {
 
 /// A value that must never be printed: its `Debug` and `Display` are redacted.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
+pub struct Secret {
+    value: String,
+    /// How much of it may be shown.
+    shown: Shown,
+}
+
+/// What of a secret may be shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// A URL: everything but its password.
+    UrlWithoutPassword,
+    /// Nothing (a bearer token is secret from end to end).
+    Nothing,
+}
 
 impl Secret {
-    /// Wraps a secret value.
+    /// Wraps a URL (or a password) whose password part is secret.
     pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
+        Self {
+            value: value.into(),
+            shown: Shown::UrlWithoutPassword,
+        }
+    }
+    /// Wraps a value that is secret as a whole, such as a bearer token.
+    pub fn opaque(value: impl Into<String>) -> Self {
+        Self {
+            value: value.into(),
+            shown: Shown::Nothing,
+        }
     }
     /// The secret itself, for the one place that must use it (a connect call).
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.value
     }
     /// The value with any password replaced, safe for logs and `doctor`.
     pub fn redacted(&self) -> String {
-        redact_url(&self.0)
+        match self.shown {
+            Shown::UrlWithoutPassword => redact_url(&self.value),
+            Shown::Nothing => "***".to_string(),
+        }
     }
 }
 
@@ -213,6 +251,22 @@ pub struct ManagementApi {
 pub struct HttpSettings {
     /// Address of the HTTP API; port 0 picks a free port.
     pub bind: SocketAddr,
+    /// Bearer tokens of the checkout scope: checkout and the buyer's actions.
+    pub checkout_tokens: Vec<Secret>,
+    /// Bearer tokens of the admin scope: inventory, shipping, and everything
+    /// the checkout scope may do.
+    pub admin_tokens: Vec<Secret>,
+    /// Whether a non-loopback bind without any token is meant (an open API).
+    pub allow_anonymous: bool,
+    /// Whether `/readyz` and `/metrics` need a token of either scope.
+    pub protect_operations: bool,
+}
+
+impl HttpSettings {
+    /// Whether any token is configured, so that the API asks for one.
+    pub fn has_tokens(&self) -> bool {
+        !self.checkout_tokens.is_empty() || !self.admin_tokens.is_empty()
+    }
 }
 
 /// `windows.*`: how long each stage of an order may take.
@@ -224,6 +278,8 @@ pub struct Windows {
     pub fulfillment: Duration,
     /// From shipping to the buyer's confirmation.
     pub receipt: Duration,
+    /// The longest payment window a checkout may ask for.
+    pub max_payment: Duration,
 }
 
 /// `consumer.*`
@@ -452,22 +508,8 @@ impl Settings {
                     get("amqp.url"),
                 )?,
             },
-            http: HttpSettings {
-                bind: get("http.bind").parse().map_err(|_| {
-                    invalid(
-                        "http.bind",
-                        format!(
-                            "'{}' (expected host:port, e.g. 127.0.0.1:8080)",
-                            get("http.bind")
-                        ),
-                    )
-                })?,
-            },
-            windows: Windows {
-                payment: parse_window("windows.payment", get("windows.payment"))?,
-                fulfillment: parse_window("windows.fulfillment", get("windows.fulfillment"))?,
-                receipt: parse_window("windows.receipt", get("windows.receipt"))?,
-            },
+            http: parse_http(get)?,
+            windows: parse_windows(get)?,
             consumer: ConsumerSettings {
                 batch_size: parse_range(
                     "consumer.batch_size",
@@ -588,6 +630,16 @@ impl Settings {
             ),
             ("http.bind", d.http.bind.to_string()),
             (
+                "http.checkout_tokens",
+                describe_tokens(&d.http.checkout_tokens),
+            ),
+            ("http.admin_tokens", describe_tokens(&d.http.admin_tokens)),
+            ("http.allow_anonymous", d.http.allow_anonymous.to_string()),
+            (
+                "http.protect_operations",
+                d.http.protect_operations.to_string(),
+            ),
+            (
                 "windows.payment",
                 humantime::format_duration(d.windows.payment).to_string(),
             ),
@@ -598,6 +650,10 @@ impl Settings {
             (
                 "windows.receipt",
                 humantime::format_duration(d.windows.receipt).to_string(),
+            ),
+            (
+                "windows.max_payment",
+                humantime::format_duration(d.windows.max_payment).to_string(),
             ),
             ("consumer.batch_size", d.consumer.batch_size.to_string()),
             (
@@ -801,6 +857,138 @@ pub fn parse_window(key: &str, value: &str) -> Result<Duration, SettingsError> {
     parse_duration(key, value, Duration::from_millis(1), MAX_DELAY)
 }
 
+/// How `doctor` shows a token list: how many, never what.
+fn describe_tokens(tokens: &[Secret]) -> String {
+    match tokens.len() {
+        0 => String::new(),
+        1 => "1 token (redacted)".to_string(),
+        n => format!("{n} tokens (redacted)"),
+    }
+}
+
+/// `http.*`: the bind address, the tokens of each scope, and whether a
+/// reachable API without tokens is meant.
+fn parse_http<'v>(get: impl Fn(&str) -> &'v str) -> Result<HttpSettings, SettingsError> {
+    let bind: SocketAddr = get("http.bind").parse().map_err(|_| {
+        invalid(
+            "http.bind",
+            format!(
+                "'{}' (expected host:port, e.g. 127.0.0.1:8080)",
+                get("http.bind")
+            ),
+        )
+    })?;
+    let http = HttpSettings {
+        bind,
+        checkout_tokens: parse_tokens("http.checkout_tokens", get("http.checkout_tokens"))?,
+        admin_tokens: parse_tokens("http.admin_tokens", get("http.admin_tokens"))?,
+        allow_anonymous: parse_bool("http.allow_anonymous", get("http.allow_anonymous"))?,
+        protect_operations: parse_bool("http.protect_operations", get("http.protect_operations"))?,
+    };
+    if http
+        .checkout_tokens
+        .iter()
+        .any(|t| http.admin_tokens.contains(t))
+    {
+        return Err(invalid(
+            "http.checkout_tokens",
+            "a token is also in `http.admin_tokens`: give each scope its own tokens",
+        ));
+    }
+    if http.protect_operations && !http.has_tokens() {
+        return Err(invalid(
+            "http.protect_operations",
+            "true needs a token in `http.admin_tokens` or `http.checkout_tokens` to read /readyz and /metrics with",
+        ));
+    }
+    // Loopback without tokens is development (`make run`, tests); anything
+    // reachable from elsewhere must say who may call it, or that anyone may.
+    let loopback = bind.ip().to_canonical().is_loopback();
+    if !loopback && !http.has_tokens() && !http.allow_anonymous {
+        return Err(invalid(
+            "http.bind",
+            format!(
+                "{bind} is reachable from other machines and no token is configured: \
+                 set `http.admin_tokens` and/or `http.checkout_tokens`, \
+                 or `http.allow_anonymous = true` if anyone who reaches the port may \
+                 set stock and act on every order"
+            ),
+        ));
+    }
+    Ok(http)
+}
+
+/// Shortest bearer token accepted: 16 characters (a uuid without dashes has 32).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// A comma-separated list of bearer tokens (several while one is rotated:
+/// `old,new`). Spaces around the commas are ignored; each token must be at least
+/// [`MIN_TOKEN_LEN`] printable ASCII characters without whitespace. Errors say
+/// which token (by position) is wrong, never what it is.
+pub fn parse_tokens(key: &str, value: &str) -> Result<Vec<Secret>, SettingsError> {
+    if value.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tokens: Vec<Secret> = Vec::new();
+    for (i, token) in value.split(',').map(str::trim).enumerate() {
+        let n = i + 1;
+        if token.is_empty() {
+            return Err(invalid(
+                key,
+                format!("token {n} is empty (separate tokens with single commas)"),
+            ));
+        }
+        if token.chars().any(char::is_whitespace) {
+            return Err(invalid(key, format!("token {n} contains whitespace")));
+        }
+        if !token.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(invalid(
+                key,
+                format!(
+                    "token {n} holds a character that is not printable ASCII (an HTTP header cannot carry it)"
+                ),
+            ));
+        }
+        if token.len() < MIN_TOKEN_LEN {
+            return Err(invalid(
+                key,
+                format!(
+                    "token {n} has {} characters; at least {MIN_TOKEN_LEN} are needed (a random uuid without dashes has 32)",
+                    token.len()
+                ),
+            ));
+        }
+        let token = Secret::opaque(token);
+        if tokens.contains(&token) {
+            return Err(invalid(key, format!("token {n} is given twice")));
+        }
+        tokens.push(token);
+    }
+    Ok(tokens)
+}
+
+/// `windows.*`: the default windows, and the longest payment window a
+/// checkout may ask for, which the default must not exceed.
+fn parse_windows<'v>(get: impl Fn(&str) -> &'v str) -> Result<Windows, SettingsError> {
+    let windows = Windows {
+        payment: parse_window("windows.payment", get("windows.payment"))?,
+        fulfillment: parse_window("windows.fulfillment", get("windows.fulfillment"))?,
+        receipt: parse_window("windows.receipt", get("windows.receipt"))?,
+        max_payment: parse_window("windows.max_payment", get("windows.max_payment"))?,
+    };
+    if windows.payment > windows.max_payment {
+        return Err(invalid(
+            "windows.payment",
+            format!(
+                "{} is longer than `windows.max_payment` ({})",
+                humantime::format_duration(windows.payment),
+                humantime::format_duration(windows.max_payment)
+            ),
+        ));
+    }
+    Ok(windows)
+}
+
 /// What to do about a URL that does not parse: reserved characters in a
 /// password are the usual cause.
 const ENCODE_HINT: &str =
@@ -909,7 +1097,7 @@ fn parse_management(
     let from_amqp = |base: String| ManagementApi {
         base,
         username: amqp.authority.userinfo.username.clone(),
-        password: Secret::new(amqp.authority.userinfo.password.clone()),
+        password: Secret::opaque(amqp.authority.userinfo.password.clone()),
         vhost: amqp.vhost.clone(),
     };
     if value.is_empty() {
@@ -954,7 +1142,7 @@ fn parse_management(
                 .into_owned()
         };
         api.username = decode(url.username());
-        api.password = Secret::new(decode(url.password().unwrap_or_default()));
+        api.password = Secret::opaque(decode(url.password().unwrap_or_default()));
     }
     Ok(Some(api))
 }
@@ -1193,11 +1381,150 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    const TOKEN_A: &str = "aaaaaaaa-0123456789";
+    const TOKEN_B: &str = "bbbbbbbb-0123456789";
+
+    #[test]
+    fn tokens_parse_as_a_comma_separated_list() {
+        let tokens = |v: &str| {
+            parse_tokens("http.admin_tokens", v)
+                .map(|t| t.iter().map(|s| s.expose().to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(tokens("").unwrap(), Vec::<String>::new());
+        assert_eq!(tokens("  ").unwrap(), Vec::<String>::new());
+        assert_eq!(tokens(TOKEN_A).unwrap(), [TOKEN_A]);
+        // Rotation: old,new; spaces around the commas do not count.
+        assert_eq!(
+            tokens(&format!("{TOKEN_A}, {TOKEN_B}")).unwrap(),
+            [TOKEN_A, TOKEN_B]
+        );
+        for (bad, why) in [
+            ("short-token", "11 characters; at least 16"),
+            (
+                "has a space in it-0123456789",
+                "token 1 contains whitespace",
+            ),
+            ("tab\tinside-0123456789", "token 1 contains whitespace"),
+            ("non-ascii-é-0123456789", "not printable ASCII"),
+        ] {
+            let err = tokens(bad).unwrap_err().to_string();
+            assert!(err.contains("`http.admin_tokens`"), "{err}");
+            assert!(err.contains(why), "{bad}: {err}");
+            assert!(!err.contains(bad), "a token is never shown: {err}");
+        }
+        let err = tokens(&format!("{TOKEN_A},,{TOKEN_B}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("token 2 is empty"), "{err}");
+        let err = tokens(&format!("{TOKEN_A},{TOKEN_A}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("token 2 is given twice"), "{err}");
+        assert!(!err.contains(TOKEN_A), "{err}");
+    }
+
+    #[test]
+    fn one_token_in_both_scopes_is_refused() {
+        let err = load(&[
+            ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
+            (
+                "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
+                &format!("{TOKEN_B},{TOKEN_A}"),
+            ),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("`http.checkout_tokens`"), "{err}");
+        assert!(err.contains("`http.admin_tokens`"), "{err}");
+        assert!(!err.contains(TOKEN_A), "{err}");
+    }
+
+    #[test]
+    fn a_reachable_bind_needs_tokens_or_an_explicitly_open_api() {
+        for bind in [
+            "0.0.0.0:8080",
+            "10.1.2.3:8080",
+            "[::]:8080",
+            "[::ffff:10.0.0.1]:80",
+        ] {
+            let err = load(&[("ORDER_TIMEOUT__HTTP__BIND", bind)])
+                .unwrap_err()
+                .to_string();
+            for key in [
+                "`http.bind`",
+                "`http.admin_tokens`",
+                "`http.checkout_tokens`",
+                "`http.allow_anonymous",
+            ] {
+                assert!(err.contains(key), "{bind}: {err}");
+            }
+            load(&[
+                ("ORDER_TIMEOUT__HTTP__BIND", bind),
+                ("ORDER_TIMEOUT__HTTP__ALLOW_ANONYMOUS", "true"),
+            ])
+            .unwrap();
+            load(&[
+                ("ORDER_TIMEOUT__HTTP__BIND", bind),
+                ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_A),
+            ])
+            .unwrap();
+        }
+        for loopback in [
+            "127.0.0.1:0",
+            "127.8.9.10:80",
+            "[::1]:8080",
+            "[::ffff:127.0.0.1]:80",
+        ] {
+            let s = load(&[("ORDER_TIMEOUT__HTTP__BIND", loopback)]).unwrap();
+            assert!(!s.http.has_tokens());
+        }
+        let err = load(&[("ORDER_TIMEOUT__HTTP__PROTECT_OPERATIONS", "true")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`http.protect_operations`"), "{err}");
+    }
+
+    #[test]
+    fn the_default_payment_window_stays_within_the_maximum() {
+        let s = load(&[]).unwrap();
+        assert_eq!(s.windows.max_payment, Duration::from_secs(7 * 86400));
+        let err = load(&[("ORDER_TIMEOUT__WINDOWS__PAYMENT", "8d")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`windows.payment`"), "{err}");
+        assert!(err.contains("`windows.max_payment` (7days)"), "{err}");
+        let s = load(&[
+            ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "8d"),
+            ("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "10d"),
+        ])
+        .unwrap();
+        assert_eq!(s.windows.payment, Duration::from_secs(8 * 86400));
+        let err = load(&[("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "60d")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`windows.max_payment`"), "{err}");
+    }
+
     #[test]
     fn secrets_are_redacted() {
         let s = Secret::new("amqp://shop:hunter2@rabbit:5672/%2f");
         assert!(!format!("{s:?} {s}").contains("hunter2"));
         assert!(!redact_url("postgres://u:hunter2@db/x?password=hunter2").contains("hunter2"));
         assert!(!redact_url("u:hunter2@db").contains("hunter2"));
+        let token = Secret::opaque("hunter2-token-0123456789");
+        assert_eq!(format!("{token:?} {token}"), "Secret(***) ***");
+        let shown = load(&[
+            ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
+            (
+                "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
+                &format!("{TOKEN_B},hunter2-token-0123456789"),
+            ),
+        ])
+        .unwrap();
+        let described = format!("{:?} {shown:?}", shown.describe());
+        for token in [TOKEN_A, TOKEN_B, "hunter2"] {
+            assert!(!described.contains(token), "{described}");
+        }
+        assert!(described.contains("2 tokens (redacted)"), "{described}");
     }
 }

@@ -198,7 +198,11 @@ async fn setup_and_run(
     println!("bench: mode {mode}, database {db_kind}, vhost {vhost}");
 
     let port = env::free_port()?;
+    // The bench calls the API as production does, with a bearer token: a
+    // random admin token of this run's own.
+    let token = uuid::Uuid::new_v4().simple().to_string();
     let mut service_env = vec![
+        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", token.clone()),
         ("ORDER_TIMEOUT__DATABASE__URL", db_url.clone()),
         ("ORDER_TIMEOUT__AMQP__URL", amqp_url.clone()),
         ("ORDER_TIMEOUT__AMQP__DELAY_MODE", mode.to_string()),
@@ -228,7 +232,14 @@ async fn setup_and_run(
         .parent()
         .unwrap_or(Path::new("."))
         .join("service.log");
+    let mut authorization = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
+    authorization.set_sensitive(true);
     let http = reqwest::Client::builder()
+        .default_headers(
+            [(reqwest::header::AUTHORIZATION, authorization)]
+                .into_iter()
+                .collect(),
+        )
         .pool_max_idle_per_host(args.clients.max(1))
         .timeout(Duration::from_secs(60))
         .build()?;

@@ -93,7 +93,12 @@ impl DelayMode {
 /// A running service with its own database and vhost.
 pub struct TestApp {
     pub base: String,
+    /// A client that sends [`TestApp::token`] on every request.
     pub http: reqwest::Client,
+    /// The first admin token the app was started with (a fresh one by
+    /// default), so that every test goes through authentication; `None` when
+    /// a test configured none.
+    pub token: Option<String>,
     pub ctx: Arc<Context>,
     pub names: Names,
     pub vhost: String,
@@ -472,6 +477,8 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
         ),
         ("ORDER_TIMEOUT__AMQP__INSTANCE", format!("test-{vhost}")),
         ("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:0".to_string()),
+        // Every test calls the API authenticated, as production does.
+        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", new_token("admin")),
         ("ORDER_TIMEOUT__SWEEPER__ENABLED", "false".to_string()),
         ("ORDER_TIMEOUT__DATABASE__MAX_CONNECTIONS", "5".to_string()),
         // The API of the broker under test, not the default derived from its host.
@@ -491,6 +498,28 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
         database: guard,
     };
     start(env, vhost, amqp_url, Some(cleanup)).await
+}
+
+/// A fresh random bearer token, `<what>-` and 32 hex digits.
+pub fn new_token(what: &str) -> String {
+    format!("{what}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A client for the service's API that sends this bearer token, if any, on
+/// every request.
+pub fn api_client(token: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = token {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            .expect("a token is a header value");
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .default_headers(headers)
+        .build()
+        .unwrap()
 }
 
 /// Starts an application on the given settings and waits until it is ready.
@@ -513,12 +542,14 @@ async fn start(
     let ctx = app.context();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(app.run(shutdown.clone()));
+    let token = env
+        .get("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS")
+        .and_then(|tokens| tokens.split(',').map(str::trim).find(|t| !t.is_empty()))
+        .map(str::to_string);
     let test = TestApp {
         base,
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap(),
+        http: api_client(token.as_deref()),
+        token,
         ctx,
         names,
         vhost,

@@ -29,6 +29,7 @@ macro_rules! matrix {
     };
 }
 
+mod auth;
 mod bench;
 mod core;
 mod examples;

@@ -52,6 +52,51 @@ async fn openapi_document_matches_what_the_api_does() {
     .collect();
     assert_eq!(documented, expected);
 
+    // Bearer tokens: the scheme, and a requirement on exactly the operations
+    // that need a token (the operations endpoints are open by default).
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["type"], "http",
+        "{}",
+        doc["components"]
+    );
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    for (method, path) in &expected {
+        let op = &doc["paths"][path.as_str()][method.to_lowercase()];
+        let scope = match path.as_str() {
+            "/inventory/{sku}" => Some("admin"),
+            "/orders" | "/orders/{id}" | "/orders/{id}/{action}" => Some("checkout"),
+            _ => None,
+        };
+        match scope {
+            Some(scope) => {
+                assert_eq!(
+                    op["security"],
+                    json!([{"bearer": [scope]}]),
+                    "{method} {path}"
+                );
+                assert!(op["responses"].get("401").is_some(), "{method} {path}");
+            }
+            None => {
+                assert!(op.get("security").is_none(), "{method} {path}: {op}");
+                assert!(op["responses"].get("401").is_none(), "{method} {path}");
+            }
+        }
+        // 403 where a checkout token may be refused: inventory and `ship`.
+        let forbidden = matches!(path.as_str(), "/inventory/{sku}" | "/orders/{id}/{action}");
+        assert_eq!(
+            op["responses"].get("403").is_some(),
+            forbidden,
+            "{method} {path}"
+        );
+    }
+    assert!(
+        doc.get("security").is_none(),
+        "no document-wide requirement"
+    );
+
     // Calls that succeed and calls that fail, each checked against the document.
     app.put_stock("DOC", 5).await;
     let order = app.order(&[("DOC", 1)], "10m").await;
@@ -117,16 +162,24 @@ async fn openapi_document_matches_what_the_api_does() {
         ("GET", "/readyz", "/readyz".into(), None),
         ("GET", "/metrics", "/metrics".into(), None),
     ];
-    for (method, template, url, body) in calls {
-        let op = &doc["paths"][template][method.to_lowercase()];
-        let mut req = app
-            .http
-            .request(method.parse().unwrap(), format!("{}{url}", app.base));
-        if let Some(body) = &body {
+    // Each call with the admin token, then without one (401 where the
+    // document says a token is needed; the same answer elsewhere).
+    let anonymous = api_client(None);
+    let with_and_without = calls
+        .iter()
+        .map(|call| (&app.http, call))
+        .chain(calls.iter().map(|call| (&anonymous, call)));
+    for (http, (method, template, url, body)) in with_and_without {
+        let op = &doc["paths"][*template][method.to_lowercase()];
+        let mut req = http.request(method.parse().unwrap(), format!("{}{url}", app.base));
+        if let Some(body) = body {
             req = req.json(body);
         }
         let resp = req.send().await.unwrap();
         let status = resp.status().as_u16();
+        if std::ptr::eq(http, &anonymous) && op.get("security").is_some() {
+            assert_eq!(status, 401, "{method} {url} without a token");
+        }
         assert!(
             op["responses"].get(status.to_string()).is_some(),
             "{method} {url} answered {status}, which the document does not list: {}",

@@ -395,6 +395,15 @@ async fn every_documented_metric_after_a_timeout_cycle() {
     let metric = |name: &'static str, labels: &'static [&'static str]| app.metric(name, labels);
     app.put_stock("A", 100).await;
 
+    // Refused by authentication: a call without a token.
+    let refused = api_client(None)
+        .put(format!("{}/inventory/A", app.base))
+        .json(&json!({"available": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+
     // Refused checkout.
     let (status, _) = app.checkout(&[("A", 1000)], "2s").await;
     assert_eq!(status, 409);
@@ -540,6 +549,11 @@ async fn every_documented_metric_after_a_timeout_cycle() {
         1.0,
     );
     eq("order_timeout_late_payments_total", &[], 1.0);
+    eq(
+        "order_timeout_http_auth_refused_total",
+        &["reason=\"missing_token\""],
+        1.0,
+    );
     // cancelled, held and swept.
     eq(
         "order_timeout_timeouts_handled_total",

@@ -419,7 +419,8 @@ async fn sigterm_drains_and_sigkill_loses_nothing() {
     let mut app = spawn_app(Spawn::new(Backend::Postgres, DelayMode::Ttl)).await;
     app.put_stock("A", 1000).await;
     app.stop().await;
-    let http = reqwest::Client::new();
+    // The children run with the app's settings, its admin token included.
+    let http = app.http.clone();
 
     // SIGTERM while timeouts are firing: a clean, bounded exit.
     let mut first = Process::start(&app.env, "first").await;

@@ -1,0 +1,319 @@
+//! Who may call what on the HTTP API: bearer tokens of two scopes from the
+//! settings (`http.checkout_tokens`, `http.admin_tokens`), what each route
+//! needs, and the decision for one request. The HTTP layer ([`crate::http`])
+//! asks [`Access::check`] before any handler reads the body, and turns a
+//! refusal into a 401 or 403.
+//!
+//! A presented token is compared with every configured token, each comparison
+//! without an early exit, so the answer's timing does not say how much of a
+//! guess was right, nor which token came close.
+
+use crate::settings::{HttpSettings, Secret};
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Checkout and the buyer's actions: place, read, pay, confirm, cancel.
+    Checkout,
+    /// Inventory and shipping, and everything the checkout scope may do.
+    Admin,
+}
+
+impl Scope {
+    /// The scope's name, as the OpenAPI document and error messages say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Checkout => "checkout",
+            Self::Admin => "admin",
+        }
+    }
+
+    /// Whether a token of this scope may do what `need` asks for.
+    fn allows(self, need: Scope) -> bool {
+        self == Scope::Admin || need == Scope::Checkout
+    }
+}
+
+/// What a route asks of its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Nothing: liveness, the OpenAPI document, an unknown path's 404.
+    Open,
+    /// `/readyz` and `/metrics`: open, unless `http.protect_operations` asks
+    /// for a token of either scope.
+    Operations,
+    /// A token of this scope (or the admin scope).
+    Scope(Scope),
+}
+
+/// What a route needs, from its path template (as the router matched it) and,
+/// for `/orders/{id}/{action}`, the action: shipping is the merchant's, every
+/// other action the buyer's.
+pub fn need(template: Option<&str>, action: Option<&str>) -> Need {
+    match template {
+        Some("/inventory/{sku}") => Need::Scope(Scope::Admin),
+        Some("/orders" | "/orders/{id}") => Need::Scope(Scope::Checkout),
+        Some("/orders/{id}/{action}") if action == Some("ship") => Need::Scope(Scope::Admin),
+        Some("/orders/{id}/{action}") => Need::Scope(Scope::Checkout),
+        Some("/readyz" | "/metrics") => Need::Operations,
+        _ => Need::Open,
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// No `Authorization: Bearer …` header (none, another scheme, or empty).
+    Missing,
+    /// A bearer token that is not configured.
+    Invalid,
+    /// A valid token whose scope does not allow this.
+    Forbidden {
+        /// The scope the route needs.
+        needs: Scope,
+    },
+}
+
+impl Denied {
+    /// A label for metrics and logs.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Missing => "missing_token",
+            Self::Invalid => "invalid_token",
+            Self::Forbidden { .. } => "insufficient_scope",
+        }
+    }
+}
+
+/// The configured tokens and what they may do.
+pub struct Access {
+    /// Every token with its scope; empty: the API is open.
+    tokens: Vec<(Secret, Scope)>,
+    /// Whether `/readyz` and `/metrics` need a token.
+    protect_operations: bool,
+}
+
+impl Access {
+    /// The policy of these settings (validated at load: tokens well-formed,
+    /// none in both scopes).
+    pub fn new(http: &HttpSettings) -> Self {
+        let tokens = http
+            .admin_tokens
+            .iter()
+            .map(|t| (t.clone(), Scope::Admin))
+            .chain(
+                http.checkout_tokens
+                    .iter()
+                    .map(|t| (t.clone(), Scope::Checkout)),
+            )
+            .collect();
+        Self {
+            tokens,
+            protect_operations: http.protect_operations,
+        }
+    }
+
+    /// Decides a request that needs `need` and carries this `Authorization`
+    /// header value (raw bytes, as received).
+    pub fn check(&self, need: Need, authorization: Option<&[u8]>) -> Result<(), Denied> {
+        let needs = match need {
+            // No tokens configured (allowed on loopback only, or when
+            // `http.allow_anonymous` says so): the API is open.
+            _ if self.tokens.is_empty() => return Ok(()),
+            Need::Open => return Ok(()),
+            Need::Operations if !self.protect_operations => return Ok(()),
+            Need::Operations => Scope::Checkout,
+            Need::Scope(scope) => scope,
+        };
+        let presented = authorization.and_then(bearer).ok_or(Denied::Missing)?;
+        let scope = self.identify(presented).ok_or(Denied::Invalid)?;
+        if scope.allows(needs) {
+            Ok(())
+        } else {
+            Err(Denied::Forbidden { needs })
+        }
+    }
+
+    /// The scope of a presented token, comparing it with every configured
+    /// token (no early exit, neither inside a comparison nor across tokens).
+    fn identify(&self, presented: &[u8]) -> Option<Scope> {
+        let mut found = None;
+        for (token, scope) in &self.tokens {
+            if constant_time_eq(presented, token.expose().as_bytes()) {
+                found = Some(*scope);
+            }
+        }
+        found
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header value; `None` for
+/// another scheme or an empty token. The scheme is case-insensitive (RFC 7235).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer ";
+    if value.len() <= SCHEME.len() || !value[..SCHEME.len()].eq_ignore_ascii_case(SCHEME) {
+        return None;
+    }
+    let token = value[SCHEME.len()..].trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Whether `presented` equals `expected`, in a time that depends on the
+/// length of `presented` only: every byte is looked at, whatever differs
+/// first, and the lengths are compared the same way.
+pub fn constant_time_eq(presented: &[u8], expected: &[u8]) -> bool {
+    if expected.is_empty() {
+        return presented.is_empty();
+    }
+    // Differences accumulate; nothing branches on the bytes' values.
+    let mut diff = (presented.len() ^ expected.len()) as u64;
+    for (i, byte) in presented.iter().enumerate() {
+        diff |= u64::from(byte ^ expected[i % expected.len()]);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::parse_tokens;
+
+    const ADMIN: &str = "admin-token-0123456789";
+    const CHECKOUT: &str = "checkout-token-0123456789";
+
+    fn access(admin: &str, checkout: &str, protect_operations: bool) -> Access {
+        Access::new(&HttpSettings {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            admin_tokens: parse_tokens("http.admin_tokens", admin).unwrap(),
+            checkout_tokens: parse_tokens("http.checkout_tokens", checkout).unwrap(),
+            allow_anonymous: false,
+            protect_operations,
+        })
+    }
+
+    fn header(token: &str) -> Vec<u8> {
+        format!("Bearer {token}").into_bytes()
+    }
+
+    #[test]
+    fn constant_time_eq_compares_whole_values() {
+        assert!(constant_time_eq(b"0123456789abcdef", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"0123456789abcdeX", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"X123456789abcdef", b"0123456789abcdef"));
+        // A prefix, a longer value, a repetition of the value: all different.
+        assert!(!constant_time_eq(b"01234567", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"0123456789abcdef0", b"0123456789abcdef"));
+        assert!(!constant_time_eq(
+            b"0123456789abcdef0123456789abcdef",
+            b"0123456789abcdef"
+        ));
+        assert!(!constant_time_eq(b"", b"0123456789abcdef"));
+        assert!(!constant_time_eq(b"x", b""));
+        assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn bearer_takes_the_token_of_a_bearer_header_only() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer  abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"BEARER abc"), Some(&b"abc"[..]));
+        for refused in [
+            &b"Bearer"[..],
+            b"Bearer ",
+            b"Bearer    ",
+            b"Basic YWJjOmRlZg==",
+            b"abc",
+            b"",
+            b"Bearerabc",
+        ] {
+            assert_eq!(
+                bearer(refused),
+                None,
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
+        }
+    }
+
+    #[test]
+    fn scopes_decide_what_a_token_may_do() {
+        let access = access(ADMIN, CHECKOUT, false);
+        let admin = header(ADMIN);
+        let checkout = header(CHECKOUT);
+        let (inventory, buyer) = (Need::Scope(Scope::Admin), Need::Scope(Scope::Checkout));
+        assert_eq!(access.check(inventory, Some(&admin)), Ok(()));
+        assert_eq!(access.check(buyer, Some(&admin)), Ok(()));
+        assert_eq!(access.check(buyer, Some(&checkout)), Ok(()));
+        assert_eq!(
+            access.check(inventory, Some(&checkout)),
+            Err(Denied::Forbidden {
+                needs: Scope::Admin
+            })
+        );
+        assert_eq!(access.check(buyer, None), Err(Denied::Missing));
+        assert_eq!(
+            access.check(buyer, Some(b"Basic YWJjOmRlZg==")),
+            Err(Denied::Missing)
+        );
+        assert_eq!(
+            access.check(buyer, Some(&header("wrong-token-0123456789"))),
+            Err(Denied::Invalid)
+        );
+        // A prefix of a real token is no token.
+        assert_eq!(
+            access.check(buyer, Some(&header(&ADMIN[..16]))),
+            Err(Denied::Invalid)
+        );
+        assert_eq!(access.check(Need::Open, None), Ok(()));
+        assert_eq!(access.check(Need::Operations, None), Ok(()));
+    }
+
+    #[test]
+    fn protected_operations_take_a_token_of_either_scope() {
+        let access = access(ADMIN, CHECKOUT, true);
+        assert_eq!(access.check(Need::Operations, None), Err(Denied::Missing));
+        for token in [ADMIN, CHECKOUT] {
+            assert_eq!(access.check(Need::Operations, Some(&header(token))), Ok(()));
+        }
+        assert_eq!(access.check(Need::Open, None), Ok(()));
+    }
+
+    #[test]
+    fn rotated_tokens_both_work() {
+        let access = access("old-admin-token-0123,new-admin-token-0123", "", false);
+        for token in ["old-admin-token-0123", "new-admin-token-0123"] {
+            assert_eq!(
+                access.check(Need::Scope(Scope::Admin), Some(&header(token))),
+                Ok(())
+            );
+        }
+    }
+
+    #[test]
+    fn no_tokens_leave_the_api_open() {
+        let access = access("", "", false);
+        assert_eq!(access.check(Need::Scope(Scope::Admin), None), Ok(()));
+        assert_eq!(
+            access.check(Need::Scope(Scope::Admin), Some(b"Bearer anything")),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn routes_need_their_scope() {
+        let admin = Need::Scope(Scope::Admin);
+        let checkout = Need::Scope(Scope::Checkout);
+        assert_eq!(need(Some("/inventory/{sku}"), None), admin);
+        assert_eq!(need(Some("/orders"), None), checkout);
+        assert_eq!(need(Some("/orders/{id}"), None), checkout);
+        assert_eq!(need(Some("/orders/{id}/{action}"), Some("ship")), admin);
+        for action in ["pay", "confirm", "cancel", "refund"] {
+            assert_eq!(need(Some("/orders/{id}/{action}"), Some(action)), checkout);
+        }
+        assert_eq!(need(Some("/readyz"), None), Need::Operations);
+        assert_eq!(need(Some("/metrics"), None), Need::Operations);
+        assert_eq!(need(Some("/healthz"), None), Need::Open);
+        assert_eq!(need(Some("/openapi.json"), None), Need::Open);
+        assert_eq!(need(None, None), Need::Open);
+    }
+}
