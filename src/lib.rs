@@ -10,7 +10,8 @@
 //! - [`amqp`]: the wire contract, the topology of both delay modes, the router,
 //!   the consumers and the outbox relay, each on a supervised connection;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
-//! - [`http`]: the JSON API; [`metrics`]: events that log and count;
+//! - [`http`]: the JSON API; [`server`]: serving it, with timeouts and caps;
+//!   [`metrics`]: events that log and count;
 //! - [`app`]: wiring and the run loop; [`doctor`] and [`cli`]: the subcommands;
 //! - [`bench`]: `order-timeout bench`, the service measured as a black box.
 
@@ -24,6 +25,7 @@ pub mod doctor;
 pub mod domain;
 pub mod http;
 pub mod metrics;
+pub mod server;
 pub mod settings;
 pub mod sweeper;
 pub mod telemetry;

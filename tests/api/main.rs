@@ -32,6 +32,8 @@ macro_rules! matrix {
 mod bench;
 mod core;
 mod examples;
+mod http_limits;
+mod idempotency;
 mod lifecycle;
 mod openapi;
 mod rabbitmq_world;
