@@ -19,7 +19,7 @@ use crate::amqp::topology::{Mode, Names};
 use crate::amqp::{self, consumer, relay, router};
 use crate::metrics::Events;
 use crate::settings::Settings;
-use crate::{db, http, sweeper};
+use crate::{db, http, server, sweeper};
 
 /// How long shutdown may take before remaining tasks are abandoned.
 pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
@@ -69,8 +69,11 @@ pub struct Context {
     pub settings: Settings,
     /// Exchange and queue names.
     pub names: Names,
-    /// The database pool.
+    /// The database pool of the background work: consumers, relay, sweeper.
     pub db: DatabaseConnection,
+    /// The database pool of the HTTP handlers, apart from `db` so that
+    /// requests cannot take the connections timeouts need.
+    pub api_db: DatabaseConnection,
     /// Logs and metrics.
     pub events: Arc<Events>,
     /// Dependency state for `/readyz`.
@@ -84,8 +87,8 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context over an open database.
-    pub fn new(settings: Settings, db: DatabaseConnection) -> Self {
+    /// A context over open database pools: the background one and the API's.
+    pub fn new(settings: Settings, db: DatabaseConnection, api_db: DatabaseConnection) -> Self {
         let names = Names::new(&settings.amqp.prefix);
         let health = Health::default();
         health.set_database(true);
@@ -93,6 +96,7 @@ impl Context {
             settings,
             names,
             db,
+            api_db,
             events: Events::new(),
             health,
             relay_wakeup: Notify::new(),
@@ -141,12 +145,14 @@ pub struct Application {
 impl Application {
     /// Connects the database, migrates unless told not to, and binds the HTTP port.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let db = db::connect(&settings.database).await.with_context(|| {
-            format!(
-                "cannot connect to the database {}",
-                settings.database.url.redacted()
-            )
-        })?;
+        let (db, api_db) = db::connect_pools(&settings.database)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot connect to the database {}",
+                    settings.database.url.redacted()
+                )
+            })?;
         if settings.database.migrate_on_start {
             db::migrate(&db).await.context("migrating the database")?;
         }
@@ -162,7 +168,7 @@ impl Application {
         );
         Ok(Self {
             listener,
-            ctx: Arc::new(Context::new(settings, db)),
+            ctx: Arc::new(Context::new(settings, db, api_db)),
         })
     }
 
@@ -183,19 +189,13 @@ impl Application {
         let ctx = self.ctx;
         tracing::info!(addr = %self.listener.local_addr()?, "HTTP API listening");
         let mut tasks = tokio::task::JoinSet::new();
-        {
-            let app = http::router(ctx.clone());
-            let stop = shutdown.clone();
-            let listener = self.listener;
-            tasks.spawn(async move {
-                if let Err(e) = axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
-                {
-                    tracing::error!(error = %e, "HTTP server failed");
-                }
-            });
-        }
+        tasks.spawn(server::serve(
+            self.listener,
+            http::router(ctx.clone()),
+            ctx.settings.http.clone(),
+            ctx.events.clone(),
+            shutdown.clone(),
+        ));
         if ctx.settings.relay.enabled {
             let (c, s) = (ctx.clone(), shutdown.clone());
             tasks.spawn(amqp::supervise(
@@ -247,6 +247,7 @@ impl Application {
             );
             tasks.abort_all();
         }
+        ctx.api_db.clone().close().await.ok();
         ctx.db.clone().close().await.ok();
         tracing::info!("stopped");
         Ok(())

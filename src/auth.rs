@@ -188,6 +188,10 @@ mod tests {
             checkout_tokens: parse_tokens("http.checkout_tokens", checkout).unwrap(),
             allow_anonymous: false,
             protect_operations,
+            header_read_timeout: std::time::Duration::from_secs(10),
+            request_timeout: std::time::Duration::from_secs(30),
+            max_connections: 1024,
+            max_in_flight: 100,
         })
     }
 

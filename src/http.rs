@@ -3,7 +3,8 @@
 //! token, 403 for a token whose scope does not allow the request, 404 for what
 //! does not exist, 409 for a transition the order's state forbids or stock that
 //! is short, 422 for well-formed input that makes no sense, 503 when the
-//! database is away. Authentication ([`crate::auth`]) runs as a middleware
+//! database is away (or, from [`crate::server`], when a request is refused by
+//! the server's limits). Authentication ([`crate::auth`]) runs as a middleware
 //! after routing and before any handler, so a refused request reads no body
 //! and changes nothing.
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -29,7 +30,7 @@ use crate::app::Context;
 use crate::auth::{self, Access, Denied, Need, Scope};
 use crate::db;
 use crate::db::store::{
-    self, Action, CheckoutError, NewItem, OrderView, StockView, TransitionError,
+    self, Action, CheckoutError, IdempotencyKey, NewItem, OrderView, StockView, TransitionError,
 };
 use crate::domain::{Millis, OrderId, OrderStatus};
 use crate::metrics::Events;
@@ -43,6 +44,12 @@ const MAX_ITEMS: usize = 100;
 const MAX_QUANTITY: i64 = 1_000_000;
 /// Most stock one SKU can be given.
 const MAX_STOCK: i64 = 1_000_000_000_000;
+/// The request header that makes a checkout safe to retry.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The answer header saying a checkout was answered from its idempotency key.
+const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// Longest idempotency key, in bytes.
+const MAX_KEY_BYTES: usize = 255;
 
 /// An API error: a status and a message for people.
 #[derive(Debug)]
@@ -391,7 +398,7 @@ async fn put_inventory(
             "available must be from 0 to {MAX_STOCK}"
         )));
     }
-    let stock = store::put_stock(&ctx.db, &sku, body.available, Millis::now()).await?;
+    let stock = store::put_stock(&ctx.api_db, &sku, body.available, Millis::now()).await?;
     Ok(Json(stock).into_response())
 }
 
@@ -412,7 +419,7 @@ async fn get_inventory(
     Path(sku): Path<String>,
 ) -> Result<Response, ApiError> {
     check_sku(&sku)?;
-    match store::get_stock(&ctx.db, &sku).await? {
+    match store::get_stock(&ctx.api_db, &sku).await? {
         Some(stock) => Ok(Json(stock).into_response()),
         None => Err(ApiError::not_found(format!("sku '{sku}' not found"))),
     }
@@ -483,28 +490,53 @@ fn checkout_request(
     Ok((items, window))
 }
 
+/// The `Idempotency-Key` of a request, if it has one.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let bytes = value.as_bytes();
+    let ok = values.next().is_none()
+        && (1..=MAX_KEY_BYTES).contains(&bytes.len())
+        && bytes.iter().all(u8::is_ascii_graphic);
+    match value.to_str() {
+        Ok(key) if ok => Ok(Some(key.to_string())),
+        _ => Err(ApiError::bad_request(format!(
+            "the Idempotency-Key header must be given once, as 1 to {MAX_KEY_BYTES} visible ASCII characters"
+        ))),
+    }
+}
+
 #[utoipa::path(
     post,
     path = "/orders",
     tag = "orders",
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters. A retry with the same key and the same request answers the first answer again (with `Idempotent-Replayed: true`) and reserves nothing; the key is kept with the order")
+    ),
     request_body = OrderBody,
     responses(
-        (status = 201, description = "Created `pending_payment`, stock reserved, payment timeout scheduled", body = OrderView),
+        (status = 201, description = "Created `pending_payment`, stock reserved, payment timeout scheduled; or, with `Idempotent-Replayed: true`, the answer that created the order with this Idempotency-Key", body = OrderView,
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the first answer given again for a retry with the same Idempotency-Key"))),
         (status = 409, description = "Stock is short; nothing was reserved", body = ErrorBody),
         (status = 413, description = "Body over 64 KiB", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 422, description = "Unknown SKU, quantity outside 1..1000000, no items, a SKU twice, a window under 1 ms or over `windows.max_payment` (default 7 days); nothing was reserved", body = ErrorBody),
-        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 422, description = "Unknown SKU, quantity outside 1..1000000, no items, a SKU twice, a window under 1 ms or over `windows.max_payment` (default 7 days), or an Idempotency-Key already used for a different request; nothing was reserved", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse, or an Idempotency-Key that is empty, too long or not visible ASCII", body = ErrorBody),
         (status = 503, description = "The database is unavailable", body = ErrorBody)
     )
 )]
 async fn create_order(
     State(ctx): State<Arc<Context>>,
+    headers: HeaderMap,
     body: Result<Json<OrderBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
     let Json(body) = body?;
     let (items, window) = checkout_request(body, &ctx.settings.windows)?;
-    match store::checkout(&ctx.db, &items, window, Millis::now()).await {
+    let key = key.map(|key| IdempotencyKey::new(key, &items, window));
+    match store::checkout(&ctx.api_db, &items, window, Millis::now(), key.as_ref()).await {
         Ok(order) => {
             // The outbox row is committed: let the relay publish it now.
             ctx.relay_wakeup.notify_one();
@@ -532,6 +564,29 @@ async fn create_order(
         Err(CheckoutError::UnknownSku(sku)) => {
             let message = format!("unknown sku '{sku}'");
             ctx.events.checkout_rejected("unknown_sku", &message);
+            Err(ApiError::unprocessable(message))
+        }
+        Err(CheckoutError::Replay { order, answer }) => {
+            // The same answer as the first time, byte for byte.
+            ctx.events.checkout_replayed(order);
+            Ok((
+                StatusCode::CREATED,
+                [
+                    (header::LOCATION, format!("/orders/{order}")),
+                    (header::CONTENT_TYPE, "application/json".to_string()),
+                    (
+                        header::HeaderName::from_static(IDEMPOTENT_REPLAYED),
+                        "true".to_string(),
+                    ),
+                ],
+                answer,
+            )
+                .into_response())
+        }
+        Err(CheckoutError::KeyReused) => {
+            let message = "this Idempotency-Key was already used for a different request (other items or payment window); use a new key for a new order";
+            ctx.events
+                .checkout_rejected("idempotency_key_reused", message);
             Err(ApiError::unprocessable(message))
         }
         Err(CheckoutError::Db(e)) => Err(e.into()),
@@ -573,7 +628,7 @@ async fn get_order(
             )));
         }
     };
-    match store::get_order(&ctx.db, id, with_audit).await? {
+    match store::get_order(&ctx.api_db, id, with_audit).await? {
         Some(order) => Ok(Json(order).into_response()),
         None => Err(ApiError::not_found(format!("order {id} not found"))),
     }
@@ -611,7 +666,15 @@ async fn order_action(
         }
     };
     let id = parse_id(&id)?;
-    match store::act(&ctx.db, id, action, &ctx.settings.windows, Millis::now()).await {
+    match store::act(
+        &ctx.api_db,
+        id,
+        action,
+        &ctx.settings.windows,
+        Millis::now(),
+    )
+    .await
+    {
         Ok(order) => {
             // Pay and ship wrote an outbox row: let the relay publish it now.
             ctx.relay_wakeup.notify_one();
@@ -657,7 +720,7 @@ async fn healthz() -> Response {
     )
 )]
 async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
-    let database = db::ping(&ctx.db).await;
+    let database = db::ping(&ctx.api_db).await;
     // The cause goes to the log; anonymous callers get a fixed sentence, not
     // the driver's text (host names, database and user names).
     ctx.events
@@ -668,7 +731,7 @@ async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
     let body = json!({
         "status": if ready { "ready" } else { "unready" },
         "database": match &database {
-            Ok(()) => json!({ "ok": true, "backend": db::backend_name(&ctx.db) }),
+            Ok(()) => json!({ "ok": true, "backend": db::backend_name(&ctx.api_db) }),
             Err(_) => json!({ "ok": false, "error": "the database did not answer; the service log says why" }),
         },
         "broker": {

@@ -11,7 +11,8 @@
 //!   the consumers and the outbox relay, each on a supervised connection;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
 //! - [`http`]: the JSON API, behind [`auth`] (bearer tokens and their
-//!   scopes); [`metrics`]: events that log and count;
+//!   scopes); [`server`]: serving it, with timeouts and caps; [`metrics`]:
+//!   events that log and count;
 //! - [`app`]: wiring and the run loop; [`doctor`] and [`cli`]: the subcommands;
 //! - [`bench`]: `order-timeout bench`, the service measured as a black box.
 
@@ -26,6 +27,7 @@ pub mod doctor;
 pub mod domain;
 pub mod http;
 pub mod metrics;
+pub mod server;
 pub mod settings;
 pub mod sweeper;
 pub mod telemetry;

@@ -45,6 +45,8 @@ pub struct Events {
     sweeper_catches: Family<Labels1, Counter>,
     orders_created: Counter,
     checkouts_rejected: Family<Labels1, Counter>,
+    checkouts_replayed: Counter,
+    http_refused: Family<Labels1, Counter>,
     actions: Family<Labels2, Counter>,
     late_payments: Counter,
     outbox_published: Counter,
@@ -123,6 +125,22 @@ impl Events {
             "Checkouts refused, by reason",
             checkouts_rejected.clone(),
         );
+        let checkouts_replayed = Counter::default();
+        registry.register(
+            "checkouts_replayed",
+            "Checkouts answered with the order an earlier request with the same Idempotency-Key created",
+            checkouts_replayed.clone(),
+        );
+        let http_refused = Family::<Labels1, Counter>::default();
+        registry.register(
+            "http_requests_refused",
+            "HTTP requests answered 503 by the server's limits, by reason (overloaded, timeout)",
+            http_refused.clone(),
+        );
+        // Both series exist from the start, so a rate over them is never empty.
+        for reason in ["overloaded", "timeout"] {
+            let _ = http_refused.get_or_create(&[("reason", reason)]);
+        }
         let actions = Family::<Labels2, Counter>::default();
         registry.register(
             "order_actions",
@@ -217,6 +235,8 @@ impl Events {
             sweeper_catches,
             orders_created,
             checkouts_rejected,
+            checkouts_replayed,
+            http_refused,
             actions,
             late_payments,
             outbox_published,
@@ -250,12 +270,33 @@ impl Events {
         tracing::debug!(order_id = %id, pay_deadline = deadline, "order created");
     }
 
-    /// A checkout was refused (`insufficient_stock`, `unknown_sku`).
+    /// A checkout was refused (`insufficient_stock`, `unknown_sku`,
+    /// `idempotency_key_reused`).
     pub fn checkout_rejected(&self, reason: &'static str, detail: &str) {
         self.checkouts_rejected
             .get_or_create(&[("reason", reason)])
             .inc();
         tracing::info!(reason, detail, "checkout refused");
+    }
+
+    /// A checkout with an Idempotency-Key already used for the same request
+    /// was answered with the order that request created; nothing was reserved.
+    pub fn checkout_replayed(&self, id: OrderId) {
+        self.checkouts_replayed.inc();
+        tracing::info!(order_id = %id, "checkout replayed for its idempotency key");
+    }
+
+    /// The HTTP server refused a request: `overloaded` (too many in flight,
+    /// answered at once) or `timeout` (it took longer than
+    /// `http.request_timeout` and was dropped).
+    pub fn request_refused(&self, reason: &'static str, path: &str) {
+        self.http_refused.get_or_create(&[("reason", reason)]).inc();
+        if reason == "timeout" {
+            tracing::warn!(reason, path, "HTTP request timed out");
+        } else {
+            // A flood would repeat this line for every request: the counter says it.
+            tracing::debug!(reason, path, "HTTP request refused");
+        }
     }
 
     /// A client's action changed an order.

@@ -27,6 +27,9 @@ pub const MAX_DELAY: Duration = Duration::from_millis(4_294_967_295);
 const DEFAULTS: &[(&str, &str)] = &[
     ("database.url", "sqlite://order-timeout.db?mode=rwc"),
     ("database.max_connections", "10"),
+    // The consumers, relay and sweeper get their own pool, so a flood of
+    // requests cannot starve the timeouts of connections (SQLite: one each).
+    ("database.background_connections", "5"),
     ("database.migrate_on_start", "true"),
     ("amqp.url", "amqp://guest:guest@127.0.0.1:5672/%2f"),
     ("amqp.prefix", "order.timeouts"),
@@ -54,6 +57,14 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("http.allow_anonymous", "false"),
     // `/readyz` and `/metrics` need a token of either scope (`/healthz` never does).
     ("http.protect_operations", "false"),
+    // A client that has not sent its request head in this time (or keeps an
+    // idle connection open this long) is disconnected.
+    ("http.header_read_timeout", "10s"),
+    ("http.request_timeout", "30s"),
+    ("http.max_connections", "1024"),
+    // Beyond this many requests at once, answer 503 at once rather than queue
+    // for the API's database pool.
+    ("http.max_in_flight", "100"),
     ("windows.payment", "30m"),
     ("windows.fulfillment", "7d"),
     ("windows.receipt", "14d"),
@@ -201,8 +212,11 @@ pub fn redact_url(raw: &str) -> String {
 pub struct DatabaseSettings {
     /// Connection URL: `sqlite://…`, `postgres://…` or `mysql://…`.
     pub url: Secret,
-    /// Pool size (SQLite always uses one writer connection).
+    /// Size of the HTTP API's pool (SQLite always uses one writer connection).
     pub max_connections: u32,
+    /// Size of the pool of the consumers, relay and sweeper, apart from the
+    /// API's so that requests cannot starve timeouts (SQLite: one connection).
+    pub background_connections: u32,
     /// Run pending migrations when `serve` starts.
     pub migrate_on_start: bool,
 }
@@ -260,6 +274,15 @@ pub struct HttpSettings {
     pub allow_anonymous: bool,
     /// Whether `/readyz` and `/metrics` need a token of either scope.
     pub protect_operations: bool,
+    /// How long a client may take to send a request head; also how long an
+    /// idle keep-alive connection stays open.
+    pub header_read_timeout: Duration,
+    /// How long a request may take before it is answered 503 and dropped.
+    pub request_timeout: Duration,
+    /// Most open connections; at the cap the server stops accepting.
+    pub max_connections: usize,
+    /// Most requests handled at once; beyond it, 503 with `Retry-After`.
+    pub max_in_flight: usize,
 }
 
 impl HttpSettings {
@@ -458,6 +481,12 @@ impl Settings {
                     1,
                     1000,
                 )?,
+                background_connections: parse_range(
+                    "database.background_connections",
+                    get("database.background_connections"),
+                    1,
+                    1000,
+                )?,
                 migrate_on_start: parse_bool(
                     "database.migrate_on_start",
                     get("database.migrate_on_start"),
@@ -600,6 +629,10 @@ impl Settings {
                 d.database.max_connections.to_string(),
             ),
             (
+                "database.background_connections",
+                d.database.background_connections.to_string(),
+            ),
+            (
                 "database.migrate_on_start",
                 d.database.migrate_on_start.to_string(),
             ),
@@ -639,6 +672,16 @@ impl Settings {
                 "http.protect_operations",
                 d.http.protect_operations.to_string(),
             ),
+            (
+                "http.header_read_timeout",
+                humantime::format_duration(d.http.header_read_timeout).to_string(),
+            ),
+            (
+                "http.request_timeout",
+                humantime::format_duration(d.http.request_timeout).to_string(),
+            ),
+            ("http.max_connections", d.http.max_connections.to_string()),
+            ("http.max_in_flight", d.http.max_in_flight.to_string()),
             (
                 "windows.payment",
                 humantime::format_duration(d.windows.payment).to_string(),
@@ -884,6 +927,30 @@ fn parse_http<'v>(get: impl Fn(&str) -> &'v str) -> Result<HttpSettings, Setting
         admin_tokens: parse_tokens("http.admin_tokens", get("http.admin_tokens"))?,
         allow_anonymous: parse_bool("http.allow_anonymous", get("http.allow_anonymous"))?,
         protect_operations: parse_bool("http.protect_operations", get("http.protect_operations"))?,
+        header_read_timeout: parse_duration(
+            "http.header_read_timeout",
+            get("http.header_read_timeout"),
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?,
+        request_timeout: parse_duration(
+            "http.request_timeout",
+            get("http.request_timeout"),
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        )?,
+        max_connections: parse_range(
+            "http.max_connections",
+            get("http.max_connections"),
+            1,
+            1_000_000,
+        )?,
+        max_in_flight: parse_range(
+            "http.max_in_flight",
+            get("http.max_in_flight"),
+            1,
+            1_000_000,
+        )?,
     };
     if http
         .checkout_tokens
@@ -1212,6 +1279,16 @@ mod tests {
         assert_eq!(s.windows.fulfillment, Duration::from_secs(7 * 86400));
         assert_eq!(s.http.bind.to_string(), "127.0.0.1:8080");
         assert_eq!(s.amqp.delay_mode, DelayMode::Auto);
+        assert_eq!(s.http.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(s.http.request_timeout, Duration::from_secs(30));
+        assert_eq!((s.http.max_connections, s.http.max_in_flight), (1024, 100));
+        assert_eq!(
+            (
+                s.database.max_connections,
+                s.database.background_connections
+            ),
+            (10, 5)
+        );
     }
 
     #[test]
@@ -1239,6 +1316,31 @@ mod tests {
             ("ORDER_TIMEOUT__AMQP__URL", "http://x", "amqp.url"),
             ("ORDER_TIMEOUT__AMQP__PREFETCH", "0", "amqp.prefetch"),
             ("ORDER_TIMEOUT__LOG__FORMAT", "xml", "log.format"),
+            (
+                "ORDER_TIMEOUT__HTTP__HEADER_READ_TIMEOUT",
+                "0s",
+                "http.header_read_timeout",
+            ),
+            (
+                "ORDER_TIMEOUT__HTTP__REQUEST_TIMEOUT",
+                "forever",
+                "http.request_timeout",
+            ),
+            (
+                "ORDER_TIMEOUT__HTTP__MAX_CONNECTIONS",
+                "0",
+                "http.max_connections",
+            ),
+            (
+                "ORDER_TIMEOUT__HTTP__MAX_IN_FLIGHT",
+                "-1",
+                "http.max_in_flight",
+            ),
+            (
+                "ORDER_TIMEOUT__DATABASE__BACKGROUND_CONNECTIONS",
+                "0",
+                "database.background_connections",
+            ),
         ] {
             let err = load(&[(var, value)]).unwrap_err().to_string();
             assert!(err.contains(&format!("`{key}`")), "{err}");

@@ -8,6 +8,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261130_000001_create_tables;
 mod m20261130_000002_create_order_events;
 mod m20261201_000003_add_late_payment_at;
+mod m20261201_000004_create_idempotency_keys;
 mod m20261201_000005_add_outbox_claims;
 
 /// All migrations of the service, oldest first.
@@ -20,6 +21,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000001_create_tables::Migration),
             Box::new(m20261130_000002_create_order_events::Migration),
             Box::new(m20261201_000003_add_late_payment_at::Migration),
+            Box::new(m20261201_000004_create_idempotency_keys::Migration),
             Box::new(m20261201_000005_add_outbox_claims::Migration),
         ]
     }

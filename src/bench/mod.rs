@@ -219,6 +219,14 @@ async fn setup_and_run(
             "ORDER_TIMEOUT__CONSUMER__BATCH_SIZE",
             settings.consumer.batch_size.to_string(),
         ),
+        // Room for every client and the progress queries: the bench measures
+        // throughput, not the overload refusal.
+        (
+            "ORDER_TIMEOUT__HTTP__MAX_IN_FLIGHT",
+            (args.clients + 16)
+                .max(settings.http.max_in_flight)
+                .to_string(),
+        ),
     ];
     if let Some(level) = &args.service_log_level {
         service_env.push(("ORDER_TIMEOUT__LOG__LEVEL", level.clone()));

@@ -171,3 +171,32 @@ pub mod order_events {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+/// `idempotency_keys`: the checkouts made with an `Idempotency-Key`, kept with
+/// their order.
+pub mod idempotency_keys {
+    use sea_orm::entity::prelude::*;
+
+    /// One key and what it was used for.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "idempotency_keys")]
+    pub struct Model {
+        /// The client's key: 1 to 255 visible ASCII characters.
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub key: String,
+        /// The order created with it; null only inside that checkout's transaction.
+        pub order_id: Option<i64>,
+        /// The validated request in canonical form (see `store::checkout`).
+        pub request: String,
+        /// The body of the first answer (the order as created), for retries.
+        pub answer: Option<String>,
+        /// When the key was used.
+        pub created_at_ms: i64,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

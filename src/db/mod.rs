@@ -11,7 +11,34 @@ use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbBackend, DbErr};
 
 use crate::settings::DatabaseSettings;
 
-/// Connects to the configured database.
+/// How long a SQLite writer waits for another connection's write to end
+/// before it fails with `database is locked`.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects to the configured database with a pool of `database.max_connections`
+/// (what `doctor`, `migrate` and the tools use).
+pub async fn connect(settings: &DatabaseSettings) -> Result<DatabaseConnection, DbErr> {
+    connect_pool(settings, settings.max_connections).await
+}
+
+/// The two pools of a running service: `(background, api)`. The consumers,
+/// relay and sweeper use the first, HTTP handlers the second, so requests that
+/// exhaust their pool (a flood, or a lock they wait on) cannot keep timeouts
+/// from being applied. An in-memory SQLite database exists once per
+/// connection, so there both are the same pool.
+pub async fn connect_pools(
+    settings: &DatabaseSettings,
+) -> Result<(DatabaseConnection, DatabaseConnection), DbErr> {
+    let background = connect_pool(settings, settings.background_connections).await?;
+    let url = settings.url.expose();
+    if url.starts_with("sqlite:") && (url.contains(":memory:") || url.contains("mode=memory")) {
+        return Ok((background.clone(), background));
+    }
+    let api = connect_pool(settings, settings.max_connections).await?;
+    Ok((background, api))
+}
+
+/// Connects a pool of at most `size` connections.
 ///
 /// SQLite gets WAL (readers never block the writer), `synchronous = NORMAL`
 /// (no fsync per commit: a process crash loses nothing, but a power cut or OS
@@ -19,7 +46,14 @@ use crate::settings::DatabaseSettings;
 /// foreign keys, a busy timeout,
 /// and a single pooled connection: SQLite has one writer anyway, and one
 /// connection means no `database is locked` between our own transactions.
-pub async fn connect(settings: &DatabaseSettings) -> Result<DatabaseConnection, DbErr> {
+/// The service's two pools are two writers on one file: the busy timeout makes
+/// each wait for the other's commit. Every transaction of the store begins
+/// with a write, which SQLite retries under the busy timeout (a transaction
+/// that read first could not be retried and would fail at once).
+pub async fn connect_pool(
+    settings: &DatabaseSettings,
+    size: u32,
+) -> Result<DatabaseConnection, DbErr> {
     let url = settings.url.expose();
     let mut options = ConnectOptions::new(url.to_string());
     options
@@ -34,10 +68,10 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<DatabaseConnection, 
                 o.journal_mode(sea_orm::sqlx::sqlite::SqliteJournalMode::Wal)
                     .synchronous(sea_orm::sqlx::sqlite::SqliteSynchronous::Normal)
                     .foreign_keys(true)
-                    .busy_timeout(Duration::from_secs(10))
+                    .busy_timeout(SQLITE_BUSY_TIMEOUT)
             });
     } else {
-        options.max_connections(settings.max_connections);
+        options.max_connections(size);
     }
     // A driver's error may quote the URL it was given: never with its password.
     Database::connect(options)

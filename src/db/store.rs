@@ -15,11 +15,11 @@ use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection,
     DatabaseTransaction, DbBackend, DbErr, EntityTrait, IsolationLevel, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect, Set, TransactionTrait,
+    QueryFilter, QueryOrder, QuerySelect, Set, SqlErr, TransactionTrait,
 };
 use serde::Serialize;
 
-use super::entities::{inventory, order_events, order_items, orders, outbox};
+use super::entities::{idempotency_keys, inventory, order_events, order_items, orders, outbox};
 use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
 use crate::settings::Windows;
 
@@ -36,6 +36,33 @@ pub struct NewItem {
     pub sku: String,
     /// How many; positive.
     pub quantity: i64,
+}
+
+/// A checkout's `Idempotency-Key` with the request it came with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    /// The client's key (1 to 255 visible ASCII characters, checked by the API).
+    pub key: String,
+    /// The validated request in a canonical form: the effective window in
+    /// milliseconds, then `sku*quantity` per line in SKU order, for example
+    /// `window=900000ms items=A*2,B*1`. Stored as is (no hash: it is short,
+    /// and SKUs cannot hold the separators), so JSON key order, whitespace, the
+    /// order of lines or a window spelled differently do not make two
+    /// requests differ.
+    pub request: String,
+}
+
+impl IdempotencyKey {
+    /// The key of a checkout of `items` with this effective payment `window`.
+    pub fn new(key: String, items: &[NewItem], window: Duration) -> Self {
+        let mut lines: Vec<String> = items
+            .iter()
+            .map(|i| format!("{}*{}", i.sku, i.quantity))
+            .collect();
+        lines.sort();
+        let request = format!("window={}ms items={}", window.as_millis(), lines.join(","));
+        Self { key, request }
+    }
 }
 
 /// One line of an order, as the API shows it.
@@ -203,6 +230,18 @@ pub enum CheckoutError {
         /// What is on sale.
         available: i64,
     },
+    /// The idempotency key was used before for this same request: the order
+    /// it created, and the body of the answer that created it.
+    #[error("idempotency key already used for order {order}")]
+    Replay {
+        /// The order created with the key.
+        order: OrderId,
+        /// The first answer's body (JSON), given again unchanged.
+        answer: String,
+    },
+    /// The idempotency key was used before for a different request.
+    #[error("idempotency key already used for a different request")]
+    KeyReused,
     /// The database failed.
     #[error(transparent)]
     Db(#[from] DbErr),
@@ -318,15 +357,27 @@ pub async fn get_stock<C: ConnectionTrait>(db: &C, sku: &str) -> Result<Option<S
 /// Creates an order: reserves stock, writes the order `pending_payment`, its
 /// items, and the outbox row of its payment timeout, in one transaction. Short
 /// stock on any line rolls everything back.
+///
+/// With an idempotency key, the key is written in the same transaction, so an
+/// order exists with its key or not at all; a key used before answers
+/// [`CheckoutError::Replay`] or [`CheckoutError::KeyReused`] and reserves
+/// nothing. A refused checkout keeps no key: it may be retried with it.
 pub async fn checkout(
     db: &DatabaseConnection,
     items: &[NewItem],
     window: Duration,
     now: Millis,
+    key: Option<&IdempotencyKey>,
 ) -> Result<OrderView, CheckoutError> {
     let mut items = items.to_vec();
     items.sort_by(|a, b| a.sku.cmp(&b.sku));
     let txn = db.begin().await?;
+    if let Some(key) = key
+        && !claim_key(&txn, key, now).await?
+    {
+        txn.rollback().await?;
+        return Err(key_used(db, key).await?);
+    }
     // The rows are locked first, in the database's order, as every stock move
     // locks them: a checkout and a batch releasing the same SKUs cannot deadlock.
     if items.len() > 1 {
@@ -401,8 +452,7 @@ pub async fn checkout(
         None,
     )
     .await?;
-    txn.commit().await?;
-    Ok(view(
+    let created = view(
         order,
         items
             .into_iter()
@@ -411,7 +461,79 @@ pub async fn checkout(
                 quantity: i.quantity,
             })
             .collect(),
-    ))
+    );
+    if let Some(key) = key {
+        settle_key(&txn, key, &created).await?;
+    }
+    txn.commit().await?;
+    Ok(created)
+}
+
+/// Claims an idempotency key: the first statement of the checkout, so that a
+/// concurrent checkout with the same key waits on the key (PostgreSQL and
+/// MariaDB block on the uncommitted row; SQLite has one writer) before it has
+/// reserved anything, and then finds it taken. False when the key is taken.
+async fn claim_key(
+    txn: &DatabaseTransaction,
+    key: &IdempotencyKey,
+    now: Millis,
+) -> Result<bool, DbErr> {
+    let row = idempotency_keys::ActiveModel {
+        key: Set(key.key.clone()),
+        order_id: Set(None),
+        request: Set(key.request.clone()),
+        answer: Set(None),
+        created_at_ms: Set(now.0),
+    };
+    match idempotency_keys::Entity::insert(row)
+        .exec_without_returning(txn)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Ties a claimed key to the order it created and the answer to repeat.
+async fn settle_key(
+    txn: &DatabaseTransaction,
+    key: &IdempotencyKey,
+    created: &OrderView,
+) -> Result<(), DbErr> {
+    let answer = serde_json::to_string(created)
+        .map_err(|e| DbErr::Custom(format!("cannot encode the order: {e}")))?;
+    idempotency_keys::Entity::update_many()
+        .col_expr(
+            idempotency_keys::Column::OrderId,
+            Expr::value(created.id.get()),
+        )
+        .col_expr(idempotency_keys::Column::Answer, Expr::value(answer))
+        .filter(idempotency_keys::Column::Key.eq(key.key.as_str()))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// What a taken key was used for, read after the claim failed (the checkout
+/// that holds it has committed: a claim waits for it).
+async fn key_used(db: &DatabaseConnection, key: &IdempotencyKey) -> Result<CheckoutError, DbErr> {
+    let row = idempotency_keys::Entity::find_by_id(key.key.clone())
+        .one(db)
+        .await?
+        .ok_or_else(|| DbErr::Custom("an idempotency key vanished after a conflict".into()))?;
+    if row.request != key.request {
+        return Ok(CheckoutError::KeyReused);
+    }
+    match (row.order_id, row.answer) {
+        (Some(order), Some(answer)) => Ok(CheckoutError::Replay {
+            order: OrderId::new(order),
+            answer,
+        }),
+        _ => Err(DbErr::Custom(
+            "an idempotency key is stored without its order".into(),
+        )),
+    }
 }
 
 /// Writes an outbox row: the relay publishes it after the transaction commits.

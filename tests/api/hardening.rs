@@ -54,7 +54,7 @@ async fn orders_over_many_skus(
                 quantity: 1,
             })
             .collect();
-        let order = store::checkout(db, &items, Duration::from_millis(1), Millis::now())
+        let order = store::checkout(db, &items, Duration::from_millis(1), Millis::now(), None)
             .await
             .unwrap();
         ids.push(order.id);
@@ -497,6 +497,7 @@ async fn locks_follow_one_order(backend: Backend) {
             &items(&["a1", "B1"]),
             Duration::from_millis(1),
             Millis::now(),
+            None,
         )
         .await
         .unwrap();
@@ -528,7 +529,7 @@ async fn locks_follow_one_order(backend: Backend) {
             tokio::spawn(async move {
                 match operation {
                     "checkout" => {
-                        store::checkout(&db, &items, Duration::from_secs(60), Millis::now())
+                        store::checkout(&db, &items, Duration::from_secs(60), Millis::now(), None)
                             .await
                             .map(|_| ())
                             .map_err(|e| e.to_string())

@@ -392,7 +392,13 @@ fn assert_legal(order: &Value, trail: &[Value]) {
 }
 
 async fn payment_and_timeout_race(backend: Backend) {
-    let app = Arc::new(spawn_app(Spawn::new(backend, DelayMode::Ttl)).await);
+    // 500 requests at once, each to be answered (not refused as a flood).
+    let app = Arc::new(
+        spawn_app(
+            Spawn::new(backend, DelayMode::Ttl).env("ORDER_TIMEOUT__HTTP__MAX_IN_FLIGHT", "1000"),
+        )
+        .await,
+    );
     for sku in SKUS {
         app.put_stock(sku, STOCK).await;
     }

@@ -34,6 +34,8 @@ mod bench;
 mod core;
 mod examples;
 mod hardening;
+mod http_limits;
+mod idempotency;
 mod lifecycle;
 mod openapi;
 mod rabbitmq_world;

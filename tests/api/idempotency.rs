@@ -1,0 +1,261 @@
+//! Checkout with an `Idempotency-Key` (issue 11, item 7): a client that lost
+//! the answer retries with the same key and gets the same order, not a second
+//! order and a second reservation.
+
+use std::time::Duration;
+
+use reqwest::header::HeaderValue;
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+matrix!(a_retry_gets_the_same_order);
+
+/// MariaDB: the key's table, its binary comparison and the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_retry_gets_the_same_order() {
+    a_retry_gets_the_same_order(Backend::MariaDb, DelayMode::Ttl).await
+}
+
+/// A raw checkout: (status, `Idempotent-Replayed` header, body text).
+async fn post_order(
+    app: &TestApp,
+    key: Option<&[u8]>,
+    body: &str,
+) -> (u16, Option<String>, String) {
+    let mut request = app
+        .http
+        .post(format!("{}/orders", app.base))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", HeaderValue::from_bytes(key).unwrap());
+    }
+    let resp = request.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let replayed = resp
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, replayed, resp.text().await.unwrap())
+}
+
+async fn a_retry_gets_the_same_order(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 10).await;
+    app.put_stock("B", 5).await;
+    let key = Some(b"checkout-7f3a".as_slice());
+    let (status, replayed, first) = post_order(
+        &app,
+        key,
+        r#"{"items": [{"sku": "B", "quantity": 1}, {"sku": "A", "quantity": 2}], "payment_window": "2s"}"#,
+    )
+    .await;
+    assert_eq!((status, replayed), (201, None), "{first}");
+    let order: Value = serde_json::from_str(&first).unwrap();
+    let id = order["id"].as_str().unwrap().to_string();
+
+    // The same request written differently: key order, whitespace, line
+    // order and the window's spelling do not make it another request.
+    let (status, replayed, again) = post_order(
+        &app,
+        key,
+        r#"{ "payment_window":"2000ms","items":[ {"quantity":2,"sku":"A"}, {"sku":"B","quantity":1} ] }"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{again}");
+    assert_eq!(replayed.as_deref(), Some("true"));
+    assert_eq!(again, first, "the first answer, byte for byte");
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 8, "reserved": 2, "sold": 0})
+    );
+    assert_eq!(app.stock("B").await["reserved"], 1);
+
+    // One order, one timeout: it is cancelled once, and its stock comes back in full.
+    app.cancelled_on_time(&id, Duration::from_secs(8)).await;
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 10, "reserved": 0, "sold": 0})
+    );
+    assert_eq!(
+        app.stock("B").await,
+        json!({"sku": "B", "available": 5, "reserved": 0, "sold": 0})
+    );
+    // A retry after the order moved on still repeats the first answer and reserves nothing.
+    let (status, replayed, late) = post_order(
+        &app,
+        key,
+        r#"{"items": [{"sku": "A", "quantity": 2}, {"sku": "B", "quantity": 1}], "payment_window": "2s"}"#,
+    )
+    .await;
+    assert_eq!((status, replayed.as_deref()), (201, Some("true")));
+    assert_eq!(late, first);
+    assert_eq!(app.stock("A").await["available"], 10);
+    let next = (id.parse::<i64>().unwrap() + 1).to_string();
+    let resp = app
+        .http
+        .get(format!("{}/orders/{next}", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404, "no second order");
+    assert_eq!(
+        app.metric("order_timeout_orders_created_total", &[]).await,
+        1.0
+    );
+    assert_eq!(
+        app.metric("order_timeout_checkouts_replayed_total", &[])
+            .await,
+        2.0
+    );
+    assert_eq!(
+        app.metric("order_timeout_outbox_published_total", &[])
+            .await,
+        1.0,
+        "one timeout published"
+    );
+    // (In TTL mode the timer may also come a little early and be held: not counted here.)
+    for (outcome, n) in [("applied", 1.0), ("not_applicable", 0.0)] {
+        let label = format!("outcome=\"{outcome}\"");
+        assert_eq!(
+            app.metric("order_timeout_timeouts_handled_total", &[&label])
+                .await,
+            n,
+            "payment timeouts {outcome}"
+        );
+    }
+}
+
+/// The same key with other items or another window: 422, nothing reserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_used_for_another_request_is_refused() {
+    let app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
+    app.put_stock("A", 10).await;
+    let key = Some(b"k-1".as_slice());
+    let (status, _, body) = post_order(
+        &app,
+        key,
+        r#"{"items": [{"sku": "A", "quantity": 2}], "payment_window": "30m"}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    for other in [
+        r#"{"items": [{"sku": "A", "quantity": 3}], "payment_window": "30m"}"#,
+        r#"{"items": [{"sku": "A", "quantity": 2}], "payment_window": "10m"}"#,
+        // No window: the default (30m in tests too), so only the items differ.
+        r#"{"items": [{"sku": "A", "quantity": 1}]}"#,
+    ] {
+        let (status, replayed, body) = post_order(&app, key, other).await;
+        assert_eq!((status, replayed), (422, None), "{other}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("different request"),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 8, "reserved": 2, "sold": 0})
+    );
+    // Keys are compared exactly: another case is another key.
+    let (status, replayed, _) = post_order(
+        &app,
+        Some(b"K-1"),
+        r#"{"items": [{"sku": "A", "quantity": 3}], "payment_window": "30m"}"#,
+    )
+    .await;
+    assert_eq!((status, replayed), (201, None));
+}
+
+/// Twenty requests at once with one key: one order, nineteen replays of its answer.
+async fn racing_retries_make_one_order(backend: Backend) {
+    let app = spawn_app(Spawn::new(backend, DelayMode::Ttl)).await;
+    app.put_stock("A", 100).await;
+    let body = r#"{"items": [{"sku": "A", "quantity": 3}], "payment_window": "30m"}"#;
+    let answers =
+        futures_util::future::join_all((0..20).map(|_| post_order(&app, Some(b"race-key"), body)))
+            .await;
+    let first = answers
+        .iter()
+        .find(|(_, replayed, _)| replayed.is_none())
+        .expect("one answer created the order")
+        .2
+        .clone();
+    for (status, _, text) in &answers {
+        assert_eq!(*status, 201, "{text}");
+        assert_eq!(text, &first);
+    }
+    let created = answers.iter().filter(|(_, r, _)| r.is_none()).count();
+    assert_eq!(created, 1, "exactly one request created the order");
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 97, "reserved": 3, "sold": 0})
+    );
+    assert_eq!(
+        app.metric("order_timeout_orders_created_total", &[]).await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_retries_make_one_order_sqlite() {
+    racing_retries_make_one_order(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_retries_make_one_order_postgres() {
+    racing_retries_make_one_order(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_retries_make_one_order_mariadb() {
+    racing_retries_make_one_order(Backend::MariaDb).await
+}
+
+/// An empty key, one too long, or one that is not visible ASCII: 400 naming
+/// the header, nothing reserved. 255 visible characters are fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_are_refused() {
+    let app = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
+    app.put_stock("A", 10).await;
+    let body = r#"{"items": [{"sku": "A", "quantity": 1}]}"#;
+    let long = vec![b'k'; 256];
+    for bad in [
+        b"".as_slice(),
+        long.as_slice(),
+        b"two words",
+        b"tab\there",
+        "cl\u{e9}".as_bytes(),
+    ] {
+        let (status, _, text) = post_order(&app, Some(bad), body).await;
+        assert_eq!(status, 400, "{:?}: {text}", String::from_utf8_lossy(bad));
+        assert!(text.contains("Idempotency-Key"), "{text}");
+    }
+    // The header twice.
+    let resp = app
+        .http
+        .post(format!("{}/orders", app.base))
+        .header("content-type", "application/json")
+        .header("Idempotency-Key", "a")
+        .header("Idempotency-Key", "b")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(app.stock("A").await["reserved"], 0);
+
+    let longest = vec![b'~'; 255];
+    let (status, _, text) = post_order(&app, Some(&longest), body).await;
+    assert_eq!(status, 201, "{text}");
+    // Without the header, checkout is as before: every request is an order.
+    for _ in 0..2 {
+        let (status, replayed, text) = post_order(&app, None, body).await;
+        assert_eq!((status, replayed), (201, None), "{text}");
+    }
+    assert_eq!(app.stock("A").await["reserved"], 3);
+}
