@@ -59,7 +59,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("http.protect_operations", "false"),
     // A client that has not sent its request head in this time (or keeps an
     // idle connection open this long) is disconnected.
-    ("http.header_read_timeout", "10s"),
+    ("http.header_read_timeout", "75s"),
     ("http.request_timeout", "30s"),
     ("http.max_connections", "1024"),
     // Beyond this many requests at once, answer 503 at once rather than queue
@@ -1279,7 +1279,7 @@ mod tests {
         assert_eq!(s.windows.fulfillment, Duration::from_secs(7 * 86400));
         assert_eq!(s.http.bind.to_string(), "127.0.0.1:8080");
         assert_eq!(s.amqp.delay_mode, DelayMode::Auto);
-        assert_eq!(s.http.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(s.http.header_read_timeout, Duration::from_secs(75));
         assert_eq!(s.http.request_timeout, Duration::from_secs(30));
         assert_eq!((s.http.max_connections, s.http.max_in_flight), (1024, 100));
         assert_eq!(
