@@ -24,6 +24,9 @@ use crate::{db, http, server, sweeper};
 /// How long shutdown may take before remaining tasks are abandoned.
 pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
 
+/// How long the database pools may take to close after that.
+pub const CLOSE_LIMIT: Duration = Duration::from_secs(2);
+
 /// Live state of the dependencies, for `/readyz`.
 #[derive(Debug, Default)]
 pub struct Health {
@@ -247,8 +250,18 @@ impl Application {
             );
             tasks.abort_all();
         }
-        ctx.api_db.clone().close().await.ok();
-        ctx.db.clone().close().await.ok();
+        // A database that stopped answering must not keep the process from
+        // exiting: the pools get a moment to close, then are left behind.
+        let closed = tokio::time::timeout(CLOSE_LIMIT, async {
+            tokio::join!(ctx.api_db.clone().close(), ctx.db.clone().close())
+        })
+        .await;
+        if closed.is_err() {
+            tracing::warn!(
+                limit_s = CLOSE_LIMIT.as_secs(),
+                "the database pools did not close in time; exiting anyway"
+            );
+        }
         tracing::info!("stopped");
         Ok(())
     }

@@ -54,6 +54,11 @@ pub const LEVELS: u32 = 23;
 /// queue there pages to disk like a lazy one.
 pub const LAZY_FROM: u32 = 8;
 
+/// Most bytes of message bodies the parked queue keeps (1 GiB); past it the
+/// oldest are dropped. A policy with a lower `max-length-bytes` lowers it (the
+/// broker takes the smaller of the two).
+pub const PARKED_MAX_BYTES: i64 = 1 << 30;
+
 /// Bits per word of a TTL routing key.
 const DIGIT_BITS: u32 = 3;
 
@@ -445,11 +450,18 @@ pub fn queues(names: &Names, mode: Mode, queue_type: QueueType) -> Vec<QueueSpec
             arguments,
             earlier,
         },
-        // Parked messages never expire, and dead-letter nowhere.
+        // Parked messages never expire, and dead-letter nowhere. Their total
+        // size is bounded: past it the oldest go first. What a parked message
+        // was for is never only there (every deadline is in the database,
+        // where the sweeper keeps it), and a flood of bad messages must not
+        // fill the broker's disk.
         QueueSpec {
             name: names.parked(),
-            arguments: queue_args(queue_type, Vec::new()),
-            earlier: None,
+            arguments: queue_args(
+                queue_type,
+                vec![("x-max-length-bytes", Arg::Long(PARKED_MAX_BYTES))],
+            ),
+            earlier: Some(queue_args(queue_type, Vec::new())),
         },
     ];
     out.extend(TimeoutKind::ALL.map(|kind| {

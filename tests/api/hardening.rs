@@ -800,3 +800,60 @@ fn mode_of(mode: order_timeout::amqp::topology::Mode) -> DelayMode {
 }
 
 matrix!(an_earlier_topology_still_works);
+
+/// The parked queue keeps at most 1 GiB of bodies, the oldest dropped first:
+/// a flood of bad messages cannot fill the broker's disk. (What a parked
+/// message was for is never only there: every deadline is in the database.)
+/// Shown with a policy that lowers the bound to 2 KB: the broker takes the
+/// smaller of the two.
+async fn parked_queue_is_bounded(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    let parked = app.names.parked();
+    let q = api_get(&format!(
+        "/queues/{}/{}",
+        url_encode(&app.vhost),
+        url_encode(&parked)
+    ))
+    .await;
+    assert_eq!(
+        q["arguments"]["x-max-length-bytes"],
+        json!(1u64 << 30),
+        "{q}"
+    );
+    let resp = management()
+        .put(format!(
+            "{MANAGEMENT}/policies/{}/small-parked",
+            url_encode(&app.vhost)
+        ))
+        .basic_auth("guest", Some("guest"))
+        .json(&json!({
+            "pattern": format!("^{}$", regex_escape(&parked)),
+            "apply-to": "queues",
+            "definition": {"max-length-bytes": 2000},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Five bad bodies of 900 bytes, each parked by the router in turn.
+    for i in 0..5u8 {
+        let body = vec![b'a' + i; 900];
+        app.publish_raw("payment", delay(1000), &body).await;
+    }
+    let kept = wait_until(Duration::from_secs(20), "the newest two kept", || async {
+        let depth = app.queue_depth(&parked).await;
+        (depth == 2).then_some(depth)
+    })
+    .await;
+    assert_eq!(kept, 2);
+    let newest: Vec<u8> = app
+        .drain_parked()
+        .await
+        .into_iter()
+        .map(|p| p.2[0])
+        .collect();
+    assert_eq!(newest, vec![b'd', b'e']);
+}
+
+matrix!(parked_queue_is_bounded);
