@@ -463,6 +463,47 @@ async fn chaos_ledger() {
         .await
         .unwrap();
     let parked_count = parked["messages"].as_i64().unwrap_or(-1);
+    // Both instances run their relay: each publishes the rows it claimed.
+    let mut published = Vec::new();
+    for port in &ports {
+        let text = client
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let n: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("order_timeout_outbox_published_total "))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        published.push(n as u64);
+    }
+    let (outbox_left, set_aside) = {
+        let db = Database::connect(format!("postgres://postgres@127.0.0.1:5432/{db_name}"))
+            .await
+            .unwrap();
+        let count = |sql: &'static str| {
+            let db = db.clone();
+            async move {
+                let row = db
+                    .query_one_raw(sea_orm::Statement::from_string(
+                        sea_orm::DbBackend::Postgres,
+                        sql,
+                    ))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                row.try_get_by_index::<i64>(0).unwrap()
+            }
+        };
+        let left = count("SELECT COUNT(*) FROM outbox WHERE set_aside_at_ms IS NULL").await;
+        let aside = count("SELECT COUNT(*) FROM outbox WHERE set_aside_at_ms IS NOT NULL").await;
+        db.close().await.ok();
+        (left, aside)
+    };
     let figures = [
         ("orders placed", placed.len().to_string()),
         (
@@ -493,6 +534,12 @@ async fn chaos_ledger() {
             "parked messages (none were meant to be)",
             parked_count.to_string(),
         ),
+        (
+            "timeouts published by each instance's relay since its last start",
+            format!("{} and {}", published[0], published[1]),
+        ),
+        ("outbox rows left unpublished", outbox_left.to_string()),
+        ("outbox rows set aside", set_aside.to_string()),
     ];
     for (k, v) in &figures {
         println!("chaos: {k:<52} {v}");
@@ -502,7 +549,8 @@ async fn chaos_ledger() {
         "# Reliability: the chaos ledger\n\n\
          Produced by `make chaos` (`cargo test --release --test chaos -- --ignored --nocapture`), \
          {started}, on the 2-core machine with RabbitMQ {rabbit}, PostgreSQL and two `serve` \
-         instances, TTL mode, sweeper interval 5 s and grace 10 s. {secs} s of orders at about \
+         instances, both running their relay (claiming disjoint outbox rows), TTL mode, \
+         sweeper interval 5 s and grace 10 s. {secs} s of orders at about \
          {rate}/s, windows of 2 to 8 s, every third order paid a third of the way into its window.\n\n\
          ## Faults injected\n\n{faults}\n\n## Ledger\n\n| figure | value |\n|---|---|\n{rows}\n\n\
          ## Stock per SKU\n\n| sku | available | reserved | sold | total | conserved and matching paid orders |\n\
@@ -546,6 +594,11 @@ async fn chaos_ledger() {
     );
     assert!(stock_ok, "stock not conserved");
     assert_eq!(parked_count, 0, "unexpected parked messages");
+    assert_eq!((outbox_left, set_aside), (0, 0), "outbox not drained");
+    assert!(
+        published.iter().all(|n| *n > 0),
+        "both relays publish: {published:?}"
+    );
     assert!(
         placed.len() as u64 > duration.as_secs() * rate / 2,
         "too few orders placed"

@@ -857,3 +857,32 @@ async fn parked_queue_is_bounded(backend: Backend, mode: DelayMode) {
 }
 
 matrix!(parked_queue_is_bounded);
+
+/// Every test the README's guarantees section names exists, so the section
+/// cannot point at a test that was renamed or removed.
+#[test]
+fn the_guarantees_name_real_tests() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let start = readme.find("### Guarantees").unwrap();
+    let end = start + readme[start..].find("\n## ").unwrap();
+    let section = &readme[start..end];
+    let mut named = 0;
+    for quoted in section.split('`').skip(1).step_by(2) {
+        let Some((module, name)) = quoted.split_once("::") else {
+            continue;
+        };
+        if !module.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+            continue;
+        }
+        let name = name.trim_end_matches("_*");
+        let source = std::fs::read_to_string(format!("{root}/tests/api/{module}.rs"))
+            .unwrap_or_else(|_| panic!("no tests/api/{module}.rs for `{quoted}`"));
+        assert!(
+            source.contains(&format!("fn {name}")),
+            "the README names `{quoted}`, which tests/api/{module}.rs does not define"
+        );
+        named += 1;
+    }
+    assert!(named > 20, "only {named} tests named");
+}
