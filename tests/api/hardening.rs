@@ -886,3 +886,56 @@ fn the_guarantees_name_real_tests() {
     }
     assert!(named > 20, "only {named} tests named");
 }
+
+/// The sweeper sweeps each kind on its own: a kind whose every transition
+/// the database refuses (here a trigger on unpaid orders) does not keep the
+/// other kinds from their turn, and the refused orders are passed over, not
+/// taken again and again.
+async fn the_sweeper_sweeps_each_kind_on_its_own(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(
+        Spawn::new(backend, mode)
+            .env("ORDER_TIMEOUT__RELAY__ENABLED", "false")
+            .env("ORDER_TIMEOUT__SWEEPER__GRACE", "0s")
+            .env("ORDER_TIMEOUT__SWEEPER__BATCH_SIZE", "2")
+            .env("ORDER_TIMEOUT__WINDOWS__RECEIPT", "1ms"),
+    )
+    .await;
+    app.put_stock("A", 10).await;
+    let shipped = app.order(&[("A", 1)], "1m").await;
+    assert_eq!(app.post(&shipped, "pay").await.0, 200);
+    assert_eq!(app.post(&shipped, "ship").await.0, 200);
+    let mut unpaid = Vec::new();
+    for _ in 0..5 {
+        unpaid.push(app.order(&[("A", 1)], "1ms").await);
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let refuse = match backend {
+        Backend::Sqlite => vec![
+            "CREATE TRIGGER refuse_unpaid BEFORE UPDATE ON orders \
+             WHEN OLD.status = 'pending_payment' \
+             BEGIN SELECT RAISE(ABORT, 'test: unpaid orders are refused'); END"
+                .to_string(),
+        ],
+        _ => vec![
+            "CREATE FUNCTION refuse_unpaid() RETURNS trigger AS $$ \
+             BEGIN RAISE EXCEPTION 'test: unpaid orders are refused'; END $$ LANGUAGE plpgsql"
+                .to_string(),
+            "CREATE TRIGGER refuse_unpaid BEFORE UPDATE ON orders FOR EACH ROW \
+             WHEN (OLD.status = 'pending_payment') EXECUTE FUNCTION refuse_unpaid()"
+                .to_string(),
+        ],
+    };
+    for sql in refuse {
+        app.ctx.db.execute_unprepared(&sql).await.unwrap();
+    }
+    let caught = order_timeout::sweeper::sweep(&app.ctx, Millis::now())
+        .await
+        .expect("the database answers: no error, whatever it refused");
+    assert_eq!(caught, 1);
+    assert_eq!(app.get_order(&shipped).await["status"], "completed");
+    for id in &unpaid {
+        assert_eq!(app.get_order(id).await["status"], "pending_payment");
+    }
+}
+
+matrix!(the_sweeper_sweeps_each_kind_on_its_own);
