@@ -32,8 +32,8 @@ demo: broker
 TEST_ENV := ORDER_TIMEOUT_REQUIRE_EXAMPLES=1 ORDER_TIMEOUT_TEST_PYTHON=$(abspath $(PYTHON))
 
 test: services examples-deps tools lint
-	$(CARGO) build --release --locked
-	$(TEST_ENV) $(CARGO) test --locked -- --test-threads=$(TEST_THREADS)
+	$(CARGO) build --release --locked --workspace
+	$(TEST_ENV) $(CARGO) test --locked --workspace -- --test-threads=$(TEST_THREADS)
 	@# These restart the broker application: alone, after everything else.
 	$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 broker_restart
 	bash scripts/readme-example.sh ttl plugin
@@ -49,7 +49,7 @@ test-broker: databases examples-deps
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 services: broker databases
 
@@ -105,10 +105,10 @@ chaos: services
 	$(CARGO) test --release --test chaos -- --ignored --nocapture
 
 bench:
-	$(CARGO) build --release && ./target/release/order-timeout bench $(BENCH_ARGS)
+	$(CARGO) build --release --workspace && ./target/release/order-timeout-bench $(BENCH_ARGS)
 
 bench-million:
-	$(CARGO) build --release && ./target/release/order-timeout bench --million $(BENCH_ARGS)
+	$(CARGO) build --release --workspace && ./target/release/order-timeout-bench --million $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

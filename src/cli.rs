@@ -1,4 +1,4 @@
-//! The command line: `serve`, `migrate`, `doctor`, `schedule`, `demo` and `bench`. Each parses its
+//! The command line: `serve`, `migrate`, `doctor`, `schedule` and `demo`. Each parses its
 //! arguments, loads the settings (a wrong value stops here, naming its key) and
 //! calls the library.
 
@@ -15,7 +15,7 @@ use crate::amqp::{self, topology::Names, wire};
 use crate::app::Application;
 use crate::domain::{Millis, OrderId, TimeoutKind};
 use crate::settings::{Settings, SettingsSource, parse_window};
-use crate::{bench, db, doctor, telemetry};
+use crate::{db, doctor, telemetry};
 
 /// Closes e-commerce orders whose deadline passed: RabbitMQ keeps the deadlines, the database decides.
 #[derive(Debug, Parser)]
@@ -62,8 +62,6 @@ pub enum Command {
         #[arg(long = "in", value_name = "DURATION")]
         delay: String,
     },
-    /// Measure the service (a child `serve` on a fresh vhost and database) and the machine's ceiling.
-    Bench(Box<bench::BenchArgs>),
 }
 
 /// `migrate` actions.
@@ -124,7 +122,6 @@ pub fn main() -> ExitCode {
                 kind,
                 delay,
             } => schedule(settings, &order_id, &kind, &delay).await,
-            Command::Bench(args) => bench::run(settings, cli.config, *args).await,
         }
     });
     match result {

@@ -13,6 +13,11 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};
 
+/// The longest delay a timer may have, in milliseconds: the delayed-message
+/// plugin's (and Erlang's timer) limit, about 49.7 days. The wire contract's
+/// `x-delay` and every window setting stop here.
+pub const MAX_DELAY_MS: u64 = 4_294_967_295;
+
 /// An order's id: a positive 64-bit integer, always written as a string in JSON
 /// (numbers above 2^53 do not survive JSON numbers in other languages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -26,8 +26,8 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::Context;
 use crate::auth::{self, Access, Denied, Need, Scope};
+use crate::context::Context;
 use crate::db;
 use crate::db::store::{
     self, Action, CheckoutError, IdempotencyKey, NewItem, OrderView, StockView, TransitionError,
@@ -737,7 +737,7 @@ async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
         "broker": {
             "ok": broker_ok,
             "mode": ctx.resolved_mode().map(|m| m.as_str()),
-            "connections": broker.iter().map(|(role, up)| (role.to_string(), json!(up))).collect::<serde_json::Map<_, _>>(),
+            "connections": broker.iter().map(|(role, up)| (role.as_str().to_string(), json!(up))).collect::<serde_json::Map<_, _>>(),
         },
     });
     let status = if ready {

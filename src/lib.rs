@@ -13,14 +13,16 @@
 //! - [`http`]: the JSON API, behind [`auth`] (bearer tokens and their
 //!   scopes); [`server`]: serving it, with timeouts and caps; [`metrics`]:
 //!   events that log and count;
+//! - [`context`]: what the components share (settings, pools, events, health),
+//!   below every subsystem that takes it;
 //! - [`app`]: wiring and the run loop; [`doctor`] and [`cli`]: the subcommands;
-//! - [`bench`]: `order-timeout bench`, the service measured as a black box.
+//!   [`demo`]: the live demo;
 
 pub mod amqp;
 pub mod app;
 pub mod auth;
-pub mod bench;
 pub mod cli;
+pub mod context;
 pub mod db;
 pub mod demo;
 pub mod doctor;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Context;
+use crate::context::Context;
 use crate::db::store::{self, Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderId, TimeoutKind};
 

@@ -30,7 +30,7 @@ use tokio_util::time::delay_queue::Key;
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
-use crate::app::Context;
+use crate::context::Context;
 use crate::db::store::{self, Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderId, TimeoutKind};
 

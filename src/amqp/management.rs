@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::pause;
 use super::topology::{LEVELS, Names};
-use crate::app::Context;
+use crate::context::Context;
 use crate::settings::ManagementApi;
 
 /// How often [`monitor`] reads the stages: the management API's own

@@ -21,7 +21,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Context;
+use crate::context::{Context, Role};
 use crate::domain::{Millis, TimeoutKind};
 use crate::settings::{AmqpSettings, DelayMode};
 use topology::{Mode, Names};
@@ -143,14 +143,28 @@ pub async fn pause(shutdown: &CancellationToken, d: Duration) -> bool {
 
 /// The role that declares the topology on each of its (re)connects: the router
 /// runs in every mode and every instance, and must exist before anything flows.
-pub const DECLARER: &str = "router";
+pub const DECLARER: Role = Role::Router;
+
+/// The delay mode in effect, resolved on first use (probing the broker for the
+/// plugin when `amqp.delay_mode = auto`) and kept in the context.
+pub async fn delay_mode(ctx: &Context) -> Result<Mode, lapin::Error> {
+    let (mode, _) = ctx
+        .mode
+        .get_or_try_init(|| async {
+            let (mode, why) = resolve_mode(&ctx.settings.amqp, &ctx.names).await?;
+            tracing::info!(mode = mode.as_str(), reason = %why, "delay mode chosen");
+            Ok::<_, lapin::Error>((mode, why))
+        })
+        .await?;
+    Ok(*mode)
+}
 
 /// Runs a broker worker for ever: connect, resolve the mode, declare the topology,
 /// work until the connection fails, then reconnect with backoff. Returns when
 /// `shutdown` fires and the worker has finished what it holds.
 pub async fn supervise<F, Fut>(
     ctx: Arc<Context>,
-    role: &'static str,
+    role: Role,
     shutdown: CancellationToken,
     mut work: F,
 ) where
@@ -160,8 +174,8 @@ pub async fn supervise<F, Fut>(
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     while !shutdown.is_cancelled() {
         let attempt = async {
-            let mode = ctx.delay_mode().await?;
-            let conn = connect(&ctx.settings.amqp, role).await?;
+            let mode = delay_mode(&ctx).await?;
+            let conn = connect(&ctx.settings.amqp, role.as_str()).await?;
             if role == DECLARER {
                 let earlier =
                     topology::declare(&conn, &ctx.names, mode, ctx.settings.amqp.queue_type)
@@ -182,8 +196,10 @@ pub async fn supervise<F, Fut>(
         };
         let error = match connected {
             Ok((conn, mode)) => {
-                ctx.events
-                    .broker_connected(role, &connection_name(&ctx.settings.amqp, role));
+                ctx.events.broker_connected(
+                    role.as_str(),
+                    &connection_name(&ctx.settings.amqp, role.as_str()),
+                );
                 ctx.health.set_broker(role, true);
                 let started = Instant::now();
                 let result = work(conn.clone(), mode).await;
@@ -200,7 +216,7 @@ pub async fn supervise<F, Fut>(
             Err(e) => e.to_string(),
         };
         let delay = backoff.next_delay();
-        ctx.events.broker_lost(role, &error, delay);
+        ctx.events.broker_lost(role.as_str(), &error, delay);
         if !pause(&shutdown, delay).await {
             break;
         }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::topology::{Mode, delay_route};
 use super::wire::{self, TimeoutMessage};
 use super::{Backoff, Error, confirmed as amqp_confirmed, pause, publish_options};
-use crate::app::Context;
+use crate::context::Context;
 use crate::db::entities::outbox;
 use crate::db::store;
 use crate::domain::{Millis, OrderId, TimeoutKind};

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park};
 use super::{Error, channels, park_delivery, publish_confirmed};
-use crate::app::Context;
+use crate::context::Context;
 use crate::domain::TimeoutKind;
 
 /// Where a valid message goes next.

@@ -40,6 +40,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ExchangeKind};
 
 use crate::domain::TimeoutKind;
+pub use crate::settings::QueueType;
 
 /// Number of TTL levels: level 22 holds 2^22 s, and 2^23 - 1 s (97 days) is more
 /// than the 49.7 days of the largest `x-delay`.
@@ -331,15 +332,6 @@ fn args(pairs: &[(&str, Arg)]) -> FieldTable {
         table.insert((*k).into(), v.to_amqp());
     }
     table
-}
-
-/// Which kind of queue holds the timers (`amqp.queue_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueType {
-    /// Classic queues, version 2: single node, fastest.
-    Classic,
-    /// Quorum queues: replicated (Raft), so timers survive losing a node.
-    Quorum,
 }
 
 /// Arguments every queue of ours gets. Classic: version 2, which keeps messages

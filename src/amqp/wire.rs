@@ -17,8 +17,7 @@ use crate::domain::{Millis, OrderId, TimeoutKind, truncate};
 
 /// The delay header, shared with the delayed-message plugin.
 pub const X_DELAY: &str = "x-delay";
-/// Largest allowed `x-delay` (the plugin's and Erlang's timer limit).
-pub const MAX_DELAY_MS: u64 = 4_294_967_295;
+pub use crate::domain::MAX_DELAY_MS;
 /// Bodies larger than this are parked unread; a valid one is under 200 bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Our own count of how many times a message was re-delayed because it came early.
@@ -343,7 +342,7 @@ fn headers_of(original: &BasicProperties) -> BTreeMap<ShortString, AMQPValue> {
 }
 
 /// A validated message's properties as the router sends it into the delay
-/// stage ([`forwardable`]), with `x-delay` set to `delay_ms` as a 64-bit
+/// stage (`forwardable`), with `x-delay` set to `delay_ms` as a 64-bit
 /// signed integer (the plugin's `long`; it reads every signed and unsigned
 /// integer width, but no other type, and delivers any other at once).
 pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties {
@@ -355,7 +354,7 @@ pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties 
     forwardable(original, headers)
 }
 
-/// The properties of a parked copy: what the original had ([`forwardable`]:
+/// The properties of a parked copy: what the original had (`forwardable`:
 /// persistent, no `expiration`, no `user_id`; those two are kept as headers,
 /// as evidence), plus why.
 pub fn parked_properties(

@@ -30,7 +30,6 @@ macro_rules! matrix {
 }
 
 mod auth;
-mod bench;
 mod core;
 mod examples;
 mod hardening;

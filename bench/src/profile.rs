@@ -13,8 +13,8 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use serde_json::{Value, json};
 
-use crate::amqp::topology::{LEVELS, Names};
-use crate::domain::TimeoutKind;
+use order_timeout::amqp::topology::{LEVELS, Names};
+use order_timeout::domain::TimeoutKind;
 
 /// How often the drain is sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);

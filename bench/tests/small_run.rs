@@ -1,5 +1,6 @@
-//! `order-timeout bench` end to end at a tiny size: it must finish, pass its own
-//! correctness checks, clean up, and write the JSON other tools read.
+//! `order-timeout-bench` end to end at a tiny size: it must finish, pass its own
+//! correctness checks, clean up, and write the JSON other tools read. It runs
+//! the service binary built beside it (`cargo test --workspace` builds both).
 
 use std::process::Command;
 
@@ -8,9 +9,8 @@ fn small_bench_on_sqlite_writes_valid_json() {
     let dir = std::env::temp_dir().join(format!("ot-bench-test-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("latest.json");
-    let run = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+    let run = Command::new(env!("CARGO_BIN_EXE_order-timeout-bench"))
         .args([
-            "bench",
             "--db",
             "sqlite",
             "--mode",

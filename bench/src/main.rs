@@ -1,4 +1,4 @@
-//! `order-timeout bench`: measures the service as a black box, against the local
+//! `order-timeout-bench` (`make bench`): measures the service as a black box, against the local
 //! broker and a fresh database, then measures the machine's ceiling for the same
 //! work, and refuses to report figures from a run that was wrong.
 //!
@@ -35,9 +35,53 @@ use clap::{Args, ValueEnum};
 use sea_orm::{ConnectionTrait, DatabaseConnection, QueryResult, Statement};
 use serde_json::{Value, json};
 
-use crate::domain::Millis;
-use crate::settings::Settings;
+use clap::Parser;
 use env::{BenchDatabase, Management, ProcStats, Resources, Service};
+use order_timeout::domain::Millis;
+use order_timeout::settings::{Settings, SettingsSource};
+
+/// Measures order-timeout (a child `serve` on a fresh vhost and database) and the machine's ceiling.
+#[derive(Debug, Parser)]
+#[command(name = "order-timeout-bench", version, about)]
+struct Cli {
+    /// The service's TOML settings file (also ORDER_TIMEOUT_CONFIG), passed on
+    /// to the child; environment variables ORDER_TIMEOUT__SECTION__KEY override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load(&SettingsSource {
+        file: cli.config.clone(),
+        env: None,
+    }) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("order-timeout-bench: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("order-timeout-bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(settings, cli.config, cli.args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("order-timeout-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// The payment window of a burst: every burst deadline falls within this span.
 pub(crate) const BURST_SPAN_MS: i64 = 2_000;
@@ -48,7 +92,7 @@ const TARGET_CHECKOUT_PER_S: f64 = 3_000.0;
 /// One order in this many is paid before its deadline.
 const PAID_EVERY: usize = 10;
 
-/// Options of `order-timeout bench`.
+/// Options of `order-timeout-bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Orders due within 2 s (the burst).

@@ -27,8 +27,8 @@ use lapin::types::FieldTable;
 
 use super::env::{ProcStats, Resources, proc_stats};
 use super::{BenchArgs, RunCtx, count, round1};
-use crate::amqp::topology::{LEVELS, Names};
-use crate::domain::{Millis, TimeoutKind};
+use order_timeout::amqp::topology::{LEVELS, Names};
+use order_timeout::domain::{Millis, TimeoutKind};
 
 const DAY_MS: i64 = 86_400_000;
 

@@ -26,8 +26,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 
 use super::{Lateness, RunCtx};
-use crate::amqp::wire::{self, TimeoutMessage};
-use crate::domain::{Millis, OrderId, TimeoutKind};
+use order_timeout::amqp::wire::{self, TimeoutMessage};
+use order_timeout::domain::{Millis, OrderId, TimeoutKind};
 
 /// Publishes pipelined this many messages before waiting for their confirms.
 const PUBLISH_WINDOW: usize = 1_000;
@@ -98,7 +98,7 @@ async fn consume_ack_on(
                     .basic_publish(
                         "".into(),
                         queue.into(),
-                        crate::amqp::publish_options(),
+                        order_timeout::amqp::publish_options(),
                         &wire::encode(&message),
                         properties,
                     )
@@ -263,7 +263,7 @@ pub struct Scheduled {
 /// no database, no service: how fast, and how late, this broker hands these
 /// timers over at all.
 pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<DelayPath> {
-    use crate::amqp::topology::{self, Mode, Names, QueueType};
+    use order_timeout::amqp::topology::{self, Mode, Names, QueueType};
     let n = schedule.len();
     if !schedule.iter().any(|s| s.burst) {
         bail!("the delay path needs at least one burst timer");
@@ -363,7 +363,7 @@ pub async fn delay_path(ctx: &RunCtx, schedule: &[Scheduled]) -> anyhow::Result<
                     .basic_publish(
                         exchange.as_str().into(),
                         key.as_str().into(),
-                        crate::amqp::publish_options(),
+                        order_timeout::amqp::publish_options(),
                         &wire::encode(&message),
                         properties,
                     )

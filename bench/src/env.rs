@@ -136,7 +136,7 @@ impl BenchDatabase {
         let conn = admin_connect(admin).await.with_context(|| {
             format!(
                 "cannot reach PostgreSQL at {}",
-                crate::settings::redact_url(admin)
+                order_timeout::settings::redact_url(admin)
             )
         })?;
         conn.execute_unprepared(&format!("CREATE DATABASE {name}"))
@@ -237,7 +237,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Service {
-    /// Starts `<this binary> serve` with `env` added to our environment, its
+    /// Starts `order-timeout serve` with `env` added to our environment, its
     /// output in `log`.
     pub fn start(
         config: Option<&Path>,
@@ -245,7 +245,7 @@ impl Service {
         port: u16,
         log: PathBuf,
     ) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("cannot find the bench's own binary")?;
+        let exe = service_binary()?;
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -429,4 +429,21 @@ impl Resources {
             }
         }
     }
+}
+
+/// The service binary: `ORDER_TIMEOUT_BIN`, else `order-timeout` beside this
+/// binary (`cargo build --release --workspace` puts both in `target/release`).
+pub fn service_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("ORDER_TIMEOUT_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let me = std::env::current_exe().context("cannot find the bench's own binary")?;
+    let exe = me.with_file_name(format!("order-timeout{}", std::env::consts::EXE_SUFFIX));
+    anyhow::ensure!(
+        exe.exists(),
+        "{} not found: build the service beside the bench (`cargo build --release --workspace`, \
+         as `make bench` does) or set ORDER_TIMEOUT_BIN",
+        exe.display()
+    );
+    Ok(exe)
 }

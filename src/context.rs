@@ -1,0 +1,134 @@
+//! What the components share, below every one of them: the settings, the
+//! database pools, the events, the live health of the dependencies, and the
+//! delay mode once resolved. The subsystems (`amqp`, `http`, `sweeper`) take an
+//! `Arc<Context>`; `app` builds it and starts them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sea_orm::DatabaseConnection;
+use tokio::sync::{Notify, OnceCell};
+
+use crate::amqp::topology::{Mode, Names};
+use crate::metrics::Events;
+use crate::settings::Settings;
+
+/// A connection of the service to the broker, one per role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Publishes the outbox.
+    Relay,
+    /// Validates what publishers send and routes it into the delay stage; it
+    /// declares the topology on each of its (re)connects.
+    Router,
+    /// Applies due timeouts.
+    Consumer,
+}
+
+impl Role {
+    /// Every role, in the order `/readyz` lists them.
+    pub const ALL: [Role; 3] = [Role::Relay, Role::Router, Role::Consumer];
+
+    /// The role's name in connection names, logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Relay => "relay",
+            Self::Router => "router",
+            Self::Consumer => "consumer",
+        }
+    }
+}
+
+/// Live state of the dependencies, for `/readyz`.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The last database operation of a background component succeeded.
+    database: AtomicBool,
+    /// Per broker role, whether its connection is up.
+    relay: AtomicBool,
+    router: AtomicBool,
+    consumer: AtomicBool,
+}
+
+impl Health {
+    fn flag(&self, role: Role) -> &AtomicBool {
+        match role {
+            Role::Relay => &self.relay,
+            Role::Router => &self.router,
+            Role::Consumer => &self.consumer,
+        }
+    }
+    /// Records a broker role's connection state.
+    pub fn set_broker(&self, role: Role, up: bool) {
+        self.flag(role).store(up, Ordering::Relaxed);
+    }
+    /// `(role, connected)` for every broker role.
+    pub fn broker(&self) -> [(Role, bool); 3] {
+        Role::ALL.map(|role| (role, self.flag(role).load(Ordering::Relaxed)))
+    }
+    /// Records whether the database answered a background component.
+    pub fn set_database(&self, up: bool) {
+        self.database.store(up, Ordering::Relaxed);
+    }
+}
+
+/// Everything the components share.
+pub struct Context {
+    /// Validated settings.
+    pub settings: Settings,
+    /// Exchange and queue names.
+    pub names: Names,
+    /// The database pool of the background work: consumers, relay, sweeper.
+    pub db: DatabaseConnection,
+    /// The database pool of the HTTP handlers, apart from `db` so that
+    /// requests cannot take the connections timeouts need.
+    pub api_db: DatabaseConnection,
+    /// Logs and metrics.
+    pub events: Arc<Events>,
+    /// Dependency state for `/readyz`.
+    pub health: Health,
+    /// Wakes the outbox relay when a transaction wrote a row.
+    pub relay_wakeup: Notify,
+    /// The delay mode, resolved once (`amqp::delay_mode` probes the broker
+    /// if `auto`), with the reason.
+    pub(crate) mode: OnceCell<(Mode, String)>,
+    /// Set once the topology has been declared by this instance.
+    topology: tokio::sync::watch::Sender<bool>,
+}
+
+impl Context {
+    /// A context over open database pools: the background one and the API's.
+    pub fn new(settings: Settings, db: DatabaseConnection, api_db: DatabaseConnection) -> Self {
+        let names = Names::new(&settings.amqp.prefix);
+        let health = Health::default();
+        health.set_database(true);
+        Self {
+            settings,
+            names,
+            db,
+            api_db,
+            events: Events::new(),
+            health,
+            relay_wakeup: Notify::new(),
+            mode: OnceCell::new(),
+            topology: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Records that the topology is declared.
+    pub fn topology_declared(&self) {
+        self.topology.send_replace(true);
+    }
+
+    /// Waits until this instance has declared the topology at least once.
+    pub async fn wait_topology(&self) {
+        let mut rx = self.topology.subscribe();
+        // The sender lives as long as the context, so this cannot fail.
+        let _ = rx.wait_for(|declared| *declared).await;
+    }
+
+    /// The mode if already resolved.
+    pub fn resolved_mode(&self) -> Option<Mode> {
+        self.mode.get().map(|(m, _)| *m)
+    }
+}

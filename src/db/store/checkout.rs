@@ -1,0 +1,207 @@
+//! Checkout: an order, its stock reservation, its payment timeout in the
+//! outbox and its idempotency key, in one transaction.
+
+use super::*;
+
+/// Creates an order: reserves stock, writes the order `pending_payment`, its
+/// items, and the outbox row of its payment timeout, in one transaction. Short
+/// stock on any line rolls everything back.
+///
+/// With an idempotency key, the key is written in the same transaction, so an
+/// order exists with its key or not at all; a key used before answers
+/// [`CheckoutError::Replay`] or [`CheckoutError::KeyReused`] and reserves
+/// nothing. A refused checkout keeps no key: it may be retried with it.
+pub async fn checkout(
+    db: &DatabaseConnection,
+    items: &[NewItem],
+    window: Duration,
+    now: Millis,
+    key: Option<&IdempotencyKey>,
+) -> Result<OrderView, CheckoutError> {
+    let mut items = items.to_vec();
+    items.sort_by(|a, b| a.sku.cmp(&b.sku));
+    let txn = db.begin().await?;
+    if let Some(key) = key
+        && !claim_key(&txn, key, now).await?
+    {
+        txn.rollback().await?;
+        return Err(key_used(db, key).await?);
+    }
+    // The rows are locked first, in the database's order, as every stock move
+    // locks them: a checkout and a batch releasing the same SKUs cannot deadlock.
+    if items.len() > 1 {
+        let skus: Vec<&str> = items.iter().map(|i| i.sku.as_str()).collect();
+        lock_stock(&txn, &skus).await?;
+    }
+    for item in &items {
+        let reserved = inventory::Entity::update_many()
+            .col_expr(
+                inventory::Column::Available,
+                Expr::col(inventory::Column::Available).sub(item.quantity),
+            )
+            .col_expr(
+                inventory::Column::Reserved,
+                Expr::col(inventory::Column::Reserved).add(item.quantity),
+            )
+            .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
+            .filter(inventory::Column::Sku.eq(item.sku.as_str()))
+            .filter(inventory::Column::Available.gte(item.quantity))
+            .exec(&txn)
+            .await?;
+        if reserved.rows_affected == 0 {
+            // The update said no; this read only words the answer.
+            let error = match get_stock(&txn, &item.sku).await? {
+                None => CheckoutError::UnknownSku(item.sku.clone()),
+                Some(stock) => CheckoutError::InsufficientStock {
+                    sku: item.sku.clone(),
+                    requested: item.quantity,
+                    available: stock.available,
+                },
+            };
+            txn.rollback().await?;
+            return Err(error);
+        }
+    }
+    let deadline = now.plus(window);
+    let order = orders::ActiveModel {
+        status: Set(OrderStatus::PendingPayment.as_str().to_string()),
+        pay_deadline_ms: Set(deadline.0),
+        ship_deadline_ms: Set(None),
+        confirm_deadline_ms: Set(None),
+        created_at_ms: Set(now.0),
+        paid_at_ms: Set(None),
+        shipped_at_ms: Set(None),
+        completed_at_ms: Set(None),
+        cancelled_at_ms: Set(None),
+        fulfillment_overdue_at_ms: Set(None),
+        late_payment_at_ms: Set(None),
+        version: Set(0),
+        updated_at_ms: Set(now.0),
+        ..Default::default()
+    }
+    .insert(&txn)
+    .await?;
+    order_items::Entity::insert_many(items.iter().map(|i| order_items::ActiveModel {
+        order_id: Set(order.id),
+        sku: Set(i.sku.clone()),
+        quantity: Set(i.quantity),
+    }))
+    .exec_without_returning(&txn)
+    .await?;
+    let id = OrderId::new(order.id);
+    enqueue(&txn, id, TimeoutKind::Payment, deadline, now).await?;
+    record(
+        &txn,
+        &[id],
+        "created",
+        None,
+        OrderStatus::PendingPayment,
+        Cause::Api,
+        now,
+        None,
+    )
+    .await?;
+    let created = view(
+        order,
+        items
+            .into_iter()
+            .map(|i| ItemView {
+                sku: i.sku,
+                quantity: i.quantity,
+            })
+            .collect(),
+    );
+    if let Some(key) = key {
+        settle_key(&txn, key, &created).await?;
+    }
+    txn.commit().await?;
+    Ok(created)
+}
+
+/// Claims an idempotency key: the first statement of the checkout, so that a
+/// concurrent checkout with the same key waits on the key (PostgreSQL and
+/// MariaDB block on the uncommitted row; SQLite has one writer) before it has
+/// reserved anything, and then finds it taken. False when the key is taken.
+async fn claim_key(
+    txn: &DatabaseTransaction,
+    key: &IdempotencyKey,
+    now: Millis,
+) -> Result<bool, DbErr> {
+    let row = idempotency_keys::ActiveModel {
+        key: Set(key.key.clone()),
+        order_id: Set(None),
+        request: Set(key.request.clone()),
+        answer: Set(None),
+        created_at_ms: Set(now.0),
+    };
+    match idempotency_keys::Entity::insert(row)
+        .exec_without_returning(txn)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Ties a claimed key to the order it created and the answer to repeat.
+async fn settle_key(
+    txn: &DatabaseTransaction,
+    key: &IdempotencyKey,
+    created: &OrderView,
+) -> Result<(), DbErr> {
+    let answer = serde_json::to_string(created)
+        .map_err(|e| DbErr::Custom(format!("cannot encode the order: {e}")))?;
+    idempotency_keys::Entity::update_many()
+        .col_expr(
+            idempotency_keys::Column::OrderId,
+            Expr::value(created.id.get()),
+        )
+        .col_expr(idempotency_keys::Column::Answer, Expr::value(answer))
+        .filter(idempotency_keys::Column::Key.eq(key.key.as_str()))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// What a taken key was used for, read after the claim failed (the checkout
+/// that holds it has committed: a claim waits for it).
+async fn key_used(db: &DatabaseConnection, key: &IdempotencyKey) -> Result<CheckoutError, DbErr> {
+    let row = idempotency_keys::Entity::find_by_id(key.key.clone())
+        .one(db)
+        .await?
+        .ok_or_else(|| DbErr::Custom("an idempotency key vanished after a conflict".into()))?;
+    if row.request != key.request {
+        return Ok(CheckoutError::KeyReused);
+    }
+    match (row.order_id, row.answer) {
+        (Some(order), Some(answer)) => Ok(CheckoutError::Replay {
+            order: OrderId::new(order),
+            answer,
+        }),
+        _ => Err(DbErr::Custom(
+            "an idempotency key is stored without its order".into(),
+        )),
+    }
+}
+
+/// Writes an outbox row: the relay publishes it after the transaction commits.
+pub(super) async fn enqueue(
+    txn: &DatabaseTransaction,
+    order: OrderId,
+    kind: TimeoutKind,
+    due: Millis,
+    now: Millis,
+) -> Result<(), DbErr> {
+    outbox::Entity::insert(outbox::ActiveModel {
+        order_id: Set(order.get()),
+        kind: Set(kind.as_str().to_string()),
+        due_at_ms: Set(due.0),
+        created_at_ms: Set(now.0),
+        attempts: Set(0),
+        ..Default::default()
+    })
+    .exec_without_returning(txn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! Timeouts: the conditional transition of each kind, in batches, for the
+//! consumers and the sweeper, and the sweeper's query for overdue orders.
+
+use super::*;
+
+/// Applies the timeout of `kind` to each order whose deadline has passed by
+/// `now`, in one transaction, and says for every id what it found.
+pub async fn expire(
+    db: &DatabaseConnection,
+    kind: TimeoutKind,
+    ids: &[OrderId],
+    now: Millis,
+    cause: Cause,
+) -> Result<HashMap<OrderId, ExpiryOutcome>, DbErr> {
+    let txn = db.begin().await?;
+    let applied = apply_expiry(&txn, kind, ids, now, cause).await?;
+    let mut outcomes: HashMap<OrderId, ExpiryOutcome> = applied
+        .into_iter()
+        .map(|(id, deadline)| (id, ExpiryOutcome::Applied { deadline }))
+        .collect();
+    let rest: Vec<i64> = ids
+        .iter()
+        .filter(|id| !outcomes.contains_key(id))
+        .map(|id| id.get())
+        .collect();
+    // Read after the conditional update only to say why it did not apply.
+    for chunk in rest.chunks(LIST_CHUNK) {
+        let found = orders::Entity::find()
+            .filter(orders::Column::Id.is_in(chunk.iter().copied()))
+            .all(&txn)
+            .await?;
+        for order in found {
+            let status = parse_status(&order.status)?;
+            let outcome = match deadline_of(kind, &order) {
+                Some(deadline)
+                    if status == kind.acts_on() && deadline > now && not_flagged(kind, &order) =>
+                {
+                    ExpiryOutcome::NotDue { deadline }
+                }
+                _ => ExpiryOutcome::Inapplicable { status },
+            };
+            outcomes.insert(OrderId::new(order.id), outcome);
+        }
+    }
+    txn.commit().await?;
+    for id in ids {
+        outcomes.entry(*id).or_insert(ExpiryOutcome::NotFound);
+    }
+    Ok(outcomes)
+}
+
+/// Whether the database accepts a transition of `kind` at all: the same
+/// statements as [`expire`], for an id no order has. When a batch fails and
+/// this succeeds, the batch itself is the problem (one order a trigger or a
+/// constraint refuses); when this fails too, the database is (away, a table
+/// renamed, a migration half done), and nothing is to be given up.
+pub async fn probe(db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {
+    expire(db, kind, &[OrderId::new(0)], Millis::now(), Cause::Timeout)
+        .await
+        .map(|_| ())
+}
+
+fn not_flagged(kind: TimeoutKind, order: &orders::Model) -> bool {
+    kind != TimeoutKind::Fulfillment || order.fulfillment_overdue_at_ms.is_none()
+}
+
+/// The conditional update of a timeout, its side effects (stock release for a
+/// payment timeout) and its audit rows. Returns the ids it changed with their
+/// deadlines.
+pub(super) async fn apply_expiry(
+    txn: &DatabaseTransaction,
+    kind: TimeoutKind,
+    ids: &[OrderId],
+    now: Millis,
+    cause: Cause,
+) -> Result<Vec<(OrderId, Millis)>, DbErr> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let deadline = deadline_column(kind);
+    let mut update = orders::Entity::update_many()
+        .col_expr(
+            orders::Column::Version,
+            Expr::col(orders::Column::Version).add(1),
+        )
+        .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
+        .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
+        .filter(deadline.lte(now.0));
+    let (event, to) = match kind {
+        TimeoutKind::Payment => {
+            update = update
+                .col_expr(
+                    orders::Column::Status,
+                    Expr::value(OrderStatus::Cancelled.as_str()),
+                )
+                .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0));
+            ("cancelled", OrderStatus::Cancelled)
+        }
+        TimeoutKind::Fulfillment => {
+            // Flagged, not cancelled: the goods are paid for; people must act.
+            update = update
+                .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
+                .filter(orders::Column::FulfillmentOverdueAtMs.is_null());
+            ("fulfillment_overdue", OrderStatus::Paid)
+        }
+        TimeoutKind::Receipt => {
+            update = update
+                .col_expr(
+                    orders::Column::Status,
+                    Expr::value(OrderStatus::Completed.as_str()),
+                )
+                .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0));
+            ("completed", OrderStatus::Completed)
+        }
+    };
+    // Ascending and without repeats: every batch locks its orders in one order.
+    let unique: Vec<i64> = ids
+        .iter()
+        .map(|i| i.get())
+        .collect::<BTreeSet<i64>>()
+        .into_iter()
+        .collect();
+    let mut applied = Vec::new();
+    for chunk in unique.chunks(LIST_CHUNK) {
+        lock_orders(txn, chunk).await?;
+        if txn.support_returning() {
+            let changed = update
+                .clone()
+                .filter(orders::Column::Id.is_in(chunk.iter().copied()))
+                .exec_with_returning(txn)
+                .await?;
+            for order in changed {
+                if let Some(d) = deadline_of(kind, &order) {
+                    applied.push((OrderId::new(order.id), d));
+                }
+            }
+        } else {
+            // MariaDB/MySQL have no UPDATE … RETURNING: one conditional update per
+            // id, in id order, each still deciding by its own row count.
+            for &id in chunk {
+                let result = update
+                    .clone()
+                    .filter(orders::Column::Id.eq(id))
+                    .exec(txn)
+                    .await?;
+                if result.rows_affected == 1
+                    && let Some(order) = orders::Entity::find_by_id(id).one(txn).await?
+                    && let Some(d) = deadline_of(kind, &order)
+                {
+                    applied.push((OrderId::new(id), d));
+                }
+            }
+        }
+    }
+    let changed: Vec<OrderId> = applied.iter().map(|(id, _)| *id).collect();
+    if kind == TimeoutKind::Payment {
+        move_stock(txn, &changed, Stock::Reserved, Stock::Available, now).await?;
+    }
+    record(
+        txn,
+        &changed,
+        event,
+        Some(kind.acts_on()),
+        to,
+        cause,
+        now,
+        None,
+    )
+    .await?;
+    Ok(applied)
+}
+
+/// Orders in the status `kind` acts on whose deadline is before `before`, with
+/// their deadlines, oldest deadline first (for the sweeper); `after` continues
+/// from the last `(id, deadline)` of the previous page.
+pub async fn overdue(
+    db: &DatabaseConnection,
+    kind: TimeoutKind,
+    before: Millis,
+    after: Option<(OrderId, Millis)>,
+    limit: u64,
+) -> Result<Vec<(OrderId, Millis)>, DbErr> {
+    let deadline = deadline_column(kind);
+    let mut query = orders::Entity::find()
+        .select_only()
+        .column(orders::Column::Id)
+        .column(deadline)
+        .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
+        .filter(deadline.lt(before.0));
+    if kind == TimeoutKind::Fulfillment {
+        query = query.filter(orders::Column::FulfillmentOverdueAtMs.is_null());
+    }
+    if let Some((id, at)) = after {
+        query = query.filter(
+            Condition::any().add(deadline.gt(at.0)).add(
+                Condition::all()
+                    .add(deadline.eq(at.0))
+                    .add(orders::Column::Id.gt(id.get())),
+            ),
+        );
+    }
+    let rows: Vec<(i64, i64)> = query
+        .order_by_asc(deadline)
+        .order_by_asc(orders::Column::Id)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, at)| (OrderId::new(id), Millis(at)))
+        .collect())
+}

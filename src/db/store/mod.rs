@@ -1,0 +1,375 @@
+//! Every state change of the service, each one transaction.
+//!
+//! A transition is one conditional `UPDATE … WHERE id … AND status = … AND
+//! deadline <= now`; its row count (or `RETURNING` list) says who won, so a
+//! payment and a timeout racing for the same order cannot both succeed, and a
+//! redelivered timeout changes nothing. Stock moves only in the transaction of
+//! the transition that won, so it is released at most once. Nothing here reads a
+//! row and then writes what it read.
+//!
+//! By family: [`checkout`](checkout()) (order, reservation, outbox row,
+//! idempotency key), [`act`] (the client's actions), [`expire`] and
+//! [`overdue`] (timeouts, for the consumers and the sweeper), the outbox
+//! (`outbox_*`, for the relay), stock (`put_stock`, `get_stock`, and the moves
+//! and lock order every transition shares), and reads (`get_order`, `audit`).
+//! This module holds the types they share and the audit writer.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait, OnConflict};
+use sea_orm::sea_query::{LockBehavior, LockType};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection,
+    DatabaseTransaction, DbBackend, DbErr, EntityTrait, IsolationLevel, PaginatorTrait,
+    QueryFilter, QueryOrder, QuerySelect, Set, SqlErr, TransactionTrait,
+};
+use serde::Serialize;
+
+use super::entities::{idempotency_keys, inventory, order_events, order_items, orders, outbox};
+use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
+use crate::settings::Windows;
+
+mod actions;
+mod checkout;
+mod expiry;
+mod publishing;
+mod reads;
+mod stock;
+
+pub use actions::act;
+pub use checkout::checkout;
+use checkout::enqueue;
+use expiry::apply_expiry;
+pub use expiry::{expire, overdue, probe};
+pub use publishing::{
+    CLAIM_LEASE, OutboxState, outbox_backlog, outbox_claim, outbox_delete, outbox_refused,
+    outbox_release, outbox_set_aside,
+};
+pub use reads::{audit, get_order};
+use reads::{load, view};
+use stock::{Stock, lock_orders, lock_stock, move_stock};
+pub use stock::{get_stock, put_stock};
+
+/// Most values one statement binds from a list (ids in an `IN`, SKUs in a
+/// `CASE`, rows of a multi-row `INSERT`). SQLite accepts 32,766 bind
+/// parameters per statement, PostgreSQL and MySQL 65,535; a stock move binds
+/// five per SKU and an audit row seven, so lists are cut well below both.
+pub const LIST_CHUNK: usize = 500;
+
+/// One line of a new order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewItem {
+    /// The SKU.
+    pub sku: String,
+    /// How many; positive.
+    pub quantity: i64,
+}
+
+/// A checkout's `Idempotency-Key` with the request it came with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    /// The client's key (1 to 255 visible ASCII characters, checked by the API).
+    pub key: String,
+    /// The validated request in a canonical form: the effective window in
+    /// milliseconds, then `sku*quantity` per line in SKU order, for example
+    /// `window=900000ms items=A*2,B*1`. Stored as is (no hash: it is short,
+    /// and SKUs cannot hold the separators), so JSON key order, whitespace, the
+    /// order of lines or a window spelled differently do not make two
+    /// requests differ.
+    pub request: String,
+}
+
+impl IdempotencyKey {
+    /// The key of a checkout of `items` with this effective payment `window`.
+    pub fn new(key: String, items: &[NewItem], window: Duration) -> Self {
+        let mut lines: Vec<String> = items
+            .iter()
+            .map(|i| format!("{}*{}", i.sku, i.quantity))
+            .collect();
+        lines.sort();
+        let request = format!("window={}ms items={}", window.as_millis(), lines.join(","));
+        Self { key, request }
+    }
+}
+
+/// One line of an order, as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct ItemView {
+    /// The SKU.
+    pub sku: String,
+    /// How many.
+    pub quantity: i64,
+}
+
+/// An order as the API shows it. Later deadlines and timestamps appear once they exist.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct OrderView {
+    /// The id, as a string.
+    #[schema(value_type = String, example = "42")]
+    pub id: OrderId,
+    /// Current status.
+    #[schema(value_type = String, example = "pending_payment")]
+    pub status: OrderStatus,
+    /// What was ordered.
+    pub items: Vec<ItemView>,
+    /// End of the payment window.
+    #[schema(value_type = String, format = DateTime)]
+    pub pay_deadline: Millis,
+    /// Checkout time.
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Millis,
+    /// Last change.
+    #[schema(value_type = String, format = DateTime)]
+    pub updated_at: Millis,
+    /// Incremented by every transition.
+    pub version: i32,
+    /// Payment time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub paid_at: Option<Millis>,
+    /// End of the fulfillment window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub ship_deadline: Option<Millis>,
+    /// When the fulfillment timeout found it unshipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub fulfillment_overdue_at: Option<Millis>,
+    /// Shipping time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub shipped_at: Option<Millis>,
+    /// End of the receipt window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub confirm_deadline: Option<Millis>,
+    /// Completion time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub completed_at: Option<Millis>,
+    /// Cancellation time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub cancelled_at: Option<Millis>,
+    /// When a payment first came after a timeout had cancelled the order: a
+    /// refund is due. Recorded once, however often the client retries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub late_payment_at: Option<Millis>,
+    /// The audit trail, oldest first, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Vec<AuditView>>,
+}
+
+/// One audit-trail entry as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct AuditView {
+    /// What happened.
+    pub event: String,
+    /// Status before (absent for `created`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Status after.
+    pub to: String,
+    /// `api`, `timeout` or `sweeper`.
+    pub cause: String,
+    /// When.
+    #[schema(value_type = String, format = DateTime)]
+    pub at: Millis,
+    /// More to say, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// What caused a change, as the audit trail records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// A client request.
+    Api,
+    /// A timeout message (or a deadline found passed by a request).
+    Timeout,
+    /// The sweeper.
+    Sweeper,
+}
+
+impl Cause {
+    /// The audit spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Timeout => "timeout",
+            Self::Sweeper => "sweeper",
+        }
+    }
+}
+
+/// A transition a client asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// `pending_payment` → `paid`, inside the payment window.
+    Pay,
+    /// `paid` → `shipped`; starts the receipt window.
+    Ship,
+    /// `shipped` → `completed`, by the buyer.
+    Confirm,
+    /// `pending_payment` → `cancelled`, by the buyer; releases the stock.
+    Cancel,
+}
+
+impl Action {
+    /// The edge of the state diagram this action walks.
+    pub fn edge(self) -> (OrderStatus, OrderStatus) {
+        match self {
+            Self::Pay => (OrderStatus::PendingPayment, OrderStatus::Paid),
+            Self::Ship => (OrderStatus::Paid, OrderStatus::Shipped),
+            Self::Confirm => (OrderStatus::Shipped, OrderStatus::Completed),
+            Self::Cancel => (OrderStatus::PendingPayment, OrderStatus::Cancelled),
+        }
+    }
+}
+
+/// Stock of one SKU, as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct StockView {
+    /// The SKU.
+    pub sku: String,
+    /// On sale.
+    pub available: i64,
+    /// Held by unpaid orders.
+    pub reserved: i64,
+    /// Paid for.
+    pub sold: i64,
+}
+
+/// Why a checkout did not happen. Nothing was reserved in any of these cases.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    /// No inventory row for this SKU.
+    #[error("unknown sku '{0}'")]
+    UnknownSku(String),
+    /// Not enough on sale.
+    #[error("insufficient stock for sku '{sku}': {requested} requested, {available} available")]
+    InsufficientStock {
+        /// The SKU.
+        sku: String,
+        /// What the order asked for.
+        requested: i64,
+        /// What is on sale.
+        available: i64,
+    },
+    /// The idempotency key was used before for this same request: the order
+    /// it created, and the body of the answer that created it.
+    #[error("idempotency key already used for order {order}")]
+    Replay {
+        /// The order created with the key.
+        order: OrderId,
+        /// The first answer's body (JSON), given again unchanged.
+        answer: String,
+    },
+    /// The idempotency key was used before for a different request.
+    #[error("idempotency key already used for a different request")]
+    KeyReused,
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbErr),
+}
+
+/// Why a requested transition did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError {
+    /// No such order.
+    #[error("order {0} not found")]
+    NotFound(OrderId),
+    /// The order is not in a state that allows it; carries the current order.
+    #[error("order {} is {}: {reason}", .order.id, .order.status)]
+    Conflict {
+        /// The order as it is now.
+        order: Box<OrderView>,
+        /// Why, for the error message.
+        reason: String,
+        /// This refused payment is the order's late payment, recorded now (the
+        /// first payment after a timeout cancelled it).
+        late_payment: bool,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbErr),
+}
+
+/// What a timeout (or the sweeper) found for one order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiryOutcome {
+    /// The transition was applied now; the deadline it was for.
+    Applied {
+        /// The deadline that passed.
+        deadline: Millis,
+    },
+    /// The order is in the right status but its deadline is still ahead.
+    NotDue {
+        /// The deadline in the database.
+        deadline: Millis,
+    },
+    /// Nothing to do: the order moved on (paid, cancelled, shipped, already flagged…).
+    Inapplicable {
+        /// The order's status now.
+        status: OrderStatus,
+    },
+    /// No order has this id.
+    NotFound,
+}
+
+fn deadline_column(kind: TimeoutKind) -> orders::Column {
+    match kind {
+        TimeoutKind::Payment => orders::Column::PayDeadlineMs,
+        TimeoutKind::Fulfillment => orders::Column::ShipDeadlineMs,
+        TimeoutKind::Receipt => orders::Column::ConfirmDeadlineMs,
+    }
+}
+
+fn deadline_of(kind: TimeoutKind, order: &orders::Model) -> Option<Millis> {
+    match kind {
+        TimeoutKind::Payment => Some(order.pay_deadline_ms),
+        TimeoutKind::Fulfillment => order.ship_deadline_ms,
+        TimeoutKind::Receipt => order.confirm_deadline_ms,
+    }
+    .map(Millis)
+}
+
+fn parse_status(raw: &str) -> Result<OrderStatus, DbErr> {
+    raw.parse()
+        .map_err(|e: String| DbErr::Custom(format!("corrupt order row: {e}")))
+}
+
+/// Writes audit rows, in the caller's transaction.
+#[allow(clippy::too_many_arguments)]
+async fn record(
+    txn: &DatabaseTransaction,
+    ids: &[OrderId],
+    event: &str,
+    from: Option<OrderStatus>,
+    to: OrderStatus,
+    cause: Cause,
+    now: Millis,
+    detail: Option<&str>,
+) -> Result<(), DbErr> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    for chunk in ids.chunks(LIST_CHUNK) {
+        let rows = chunk.iter().map(|id| order_events::ActiveModel {
+            order_id: Set(id.get()),
+            event: Set(event.to_string()),
+            from_status: Set(from.map(|f| f.as_str().to_string())),
+            to_status: Set(to.as_str().to_string()),
+            cause: Set(cause.as_str().to_string()),
+            at_ms: Set(now.0),
+            detail: Set(detail.map(|d| crate::domain::truncate(d, 250))),
+            ..Default::default()
+        });
+        order_events::Entity::insert_many(rows)
+            .exec_without_returning(txn)
+            .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! The outbox: rows claimed by one relay round, published, deleted, refused
+//! or set aside.
+
+use super::*;
+
+/// How long a relay round holds the rows it claimed. A relay that dies
+/// mid-round delays those rows by at most this; the relays of other instances
+/// skip them meanwhile.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(30);
+
+/// Longest wait before a refused row is tried again.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
+
+/// Rows no relay round holds and nobody set aside.
+fn publishable(now: Millis) -> Condition {
+    Condition::all()
+        .add(outbox::Column::SetAsideAtMs.is_null())
+        .add(
+            Condition::any()
+                .add(outbox::Column::ClaimedUntilMs.is_null())
+                .add(outbox::Column::ClaimedUntilMs.lt(now.0)),
+        )
+}
+
+/// Claims up to `limit` publishable outbox rows for one relay round, oldest
+/// first, and returns them. Rows another round holds are skipped (`FOR UPDATE
+/// SKIP LOCKED` on PostgreSQL and MariaDB/MySQL, then a conditional update that
+/// only takes rows still free, on every backend), so the relays of several
+/// instances publish disjoint rows.
+pub async fn outbox_claim(
+    db: &DatabaseConnection,
+    limit: u64,
+    now: Millis,
+) -> Result<Vec<outbox::Model>, DbErr> {
+    let claim = uuid::Uuid::new_v4().to_string();
+    let lease_end = now.plus(CLAIM_LEASE).0;
+    let candidates = outbox::Entity::find()
+        .select_only()
+        .column(outbox::Column::Id)
+        .filter(publishable(now))
+        .order_by_asc(outbox::Column::Id)
+        .limit(limit);
+    let ids: Vec<i64> = if db.get_database_backend() == DbBackend::Sqlite {
+        // One writer at a time, and a read that later writes could not upgrade
+        // past another connection's commit: no transaction, the conditional
+        // update decides.
+        let ids = candidates.into_tuple().all(db).await?;
+        take_claim(db, &ids, &claim, lease_end, now).await?;
+        ids
+    } else {
+        // Read committed: MariaDB's default (repeatable read) would also lock
+        // the gaps the scan passes, and deadlock relays against each other.
+        let txn = db
+            .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+            .await?;
+        let ids = candidates
+            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+            .into_tuple()
+            .all(&txn)
+            .await?;
+        take_claim(&txn, &ids, &claim, lease_end, now).await?;
+        txn.commit().await?;
+        ids
+    };
+    let mut rows = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(LIST_CHUNK) {
+        rows.extend(
+            outbox::Entity::find()
+                .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+                .filter(outbox::Column::Claim.eq(claim.as_str()))
+                .order_by_asc(outbox::Column::Id)
+                .all(db)
+                .await?,
+        );
+    }
+    Ok(rows)
+}
+
+async fn take_claim<C: ConnectionTrait>(
+    db: &C,
+    ids: &[i64],
+    claim: &str,
+    lease_end: i64,
+    now: Millis,
+) -> Result<(), DbErr> {
+    for chunk in ids.chunks(LIST_CHUNK) {
+        outbox::Entity::update_many()
+            .col_expr(outbox::Column::Claim, Expr::value(claim))
+            .col_expr(outbox::Column::ClaimedUntilMs, Expr::value(lease_end))
+            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+            .filter(publishable(now))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Removes rows the broker confirmed.
+pub async fn outbox_delete(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
+    for chunk in ids.chunks(LIST_CHUNK) {
+        outbox::Entity::delete_many()
+            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Gives claimed rows back at once (the round could not publish them: the
+/// connection broke), so the next round need not wait for the lease to end.
+pub async fn outbox_release(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
+    for chunk in ids.chunks(LIST_CHUNK) {
+        outbox::Entity::update_many()
+            .col_expr(outbox::Column::Claim, Expr::value(Option::<String>::None))
+            .col_expr(
+                outbox::Column::ClaimedUntilMs,
+                Expr::value(Option::<i64>::None),
+            )
+            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Counts a refused publish on each row. A row refused
+/// `max_attempts` times (`relay.max_attempts`) is set aside with its reason; the others wait
+/// (1 s, 2 s, 4 s … at most a minute) before any relay takes them again, and
+/// the rows behind them go out meanwhile. Returns the ids set aside.
+pub async fn outbox_refused(
+    db: &DatabaseConnection,
+    rows: &[(&outbox::Model, String)],
+    max_attempts: i32,
+    now: Millis,
+) -> Result<Vec<i64>, DbErr> {
+    let mut set_aside = Vec::new();
+    for (row, reason) in rows {
+        let attempts = row.attempts.saturating_add(1);
+        let mut update = outbox::Entity::update_many()
+            .col_expr(outbox::Column::Attempts, Expr::value(attempts))
+            .col_expr(outbox::Column::Claim, Expr::value(Option::<String>::None))
+            .filter(outbox::Column::Id.eq(row.id));
+        if attempts >= max_attempts {
+            set_aside.push(row.id);
+            let reason = format!("refused {attempts} times by the broker: {reason}");
+            update = update
+                .col_expr(
+                    outbox::Column::ClaimedUntilMs,
+                    Expr::value(Option::<i64>::None),
+                )
+                .col_expr(outbox::Column::SetAsideAtMs, Expr::value(now.0))
+                .col_expr(
+                    outbox::Column::SetAsideReason,
+                    Expr::value(crate::domain::truncate(&reason, 250)),
+                );
+        } else {
+            let wait = Duration::from_secs(1 << attempts.clamp(0, 6)).min(MAX_RETRY_WAIT);
+            update = update.col_expr(
+                outbox::Column::ClaimedUntilMs,
+                Expr::value(now.plus(wait).0),
+            );
+        }
+        update.exec(db).await?;
+    }
+    Ok(set_aside)
+}
+
+/// Sets rows aside for an operator: no relay takes them again. Their orders'
+/// deadlines are still kept by the sweeper.
+pub async fn outbox_set_aside(
+    db: &DatabaseConnection,
+    ids: &[i64],
+    reason: &str,
+    now: Millis,
+) -> Result<(), DbErr> {
+    for chunk in ids.chunks(LIST_CHUNK) {
+        outbox::Entity::update_many()
+            .col_expr(outbox::Column::SetAsideAtMs, Expr::value(now.0))
+            .col_expr(
+                outbox::Column::SetAsideReason,
+                Expr::value(crate::domain::truncate(reason, 250)),
+            )
+            .col_expr(outbox::Column::Claim, Expr::value(Option::<String>::None))
+            .col_expr(
+                outbox::Column::ClaimedUntilMs,
+                Expr::value(Option::<i64>::None),
+            )
+            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The outbox now, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxState {
+    /// Rows waiting to be published (claimed ones included).
+    pub waiting: u64,
+    /// Creation time of the oldest waiting row.
+    pub oldest: Option<Millis>,
+    /// Rows set aside.
+    pub set_aside: u64,
+}
+
+/// Rows waiting, the creation time of the oldest, and rows set aside.
+pub async fn outbox_backlog(db: &DatabaseConnection) -> Result<OutboxState, DbErr> {
+    let waiting = outbox::Entity::find()
+        .filter(outbox::Column::SetAsideAtMs.is_null())
+        .count(db)
+        .await?;
+    let oldest = outbox::Entity::find()
+        .filter(outbox::Column::SetAsideAtMs.is_null())
+        .order_by_asc(outbox::Column::Id)
+        .one(db)
+        .await?
+        .map(|r| Millis(r.created_at_ms));
+    let set_aside = outbox::Entity::find()
+        .filter(outbox::Column::SetAsideAtMs.is_not_null())
+        .count(db)
+        .await?;
+    Ok(OutboxState {
+        waiting,
+        oldest,
+        set_aside,
+    })
+}

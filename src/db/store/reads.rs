@@ -1,0 +1,80 @@
+//! Reading an order, its items and its audit trail, as the API shows them.
+
+use super::*;
+
+/// One order with its items, and its audit trail when asked.
+pub async fn get_order(
+    db: &DatabaseConnection,
+    id: OrderId,
+    with_audit: bool,
+) -> Result<Option<OrderView>, DbErr> {
+    let Some(mut order) = load(db, id).await? else {
+        return Ok(None);
+    };
+    if with_audit {
+        order.audit = Some(audit(db, id).await?);
+    }
+    Ok(Some(order))
+}
+
+/// An order's audit trail, oldest first.
+pub async fn audit<C: ConnectionTrait>(db: &C, id: OrderId) -> Result<Vec<AuditView>, DbErr> {
+    Ok(order_events::Entity::find()
+        .filter(order_events::Column::OrderId.eq(id.get()))
+        .order_by_asc(order_events::Column::Id)
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|e| AuditView {
+            event: e.event,
+            from: e.from_status,
+            to: e.to_status,
+            cause: e.cause,
+            at: Millis(e.at_ms),
+            detail: e.detail,
+        })
+        .collect())
+}
+
+pub(super) async fn load<C: ConnectionTrait>(
+    db: &C,
+    id: OrderId,
+) -> Result<Option<OrderView>, DbErr> {
+    let Some(order) = orders::Entity::find_by_id(id.get()).one(db).await? else {
+        return Ok(None);
+    };
+    let items = order_items::Entity::find()
+        .filter(order_items::Column::OrderId.eq(id.get()))
+        .order_by_asc(order_items::Column::Sku)
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|i| ItemView {
+            sku: i.sku,
+            quantity: i.quantity,
+        })
+        .collect();
+    Ok(Some(view(order, items)))
+}
+
+pub(super) fn view(o: orders::Model, items: Vec<ItemView>) -> OrderView {
+    OrderView {
+        id: OrderId::new(o.id),
+        // Rows are only written by this module, with valid statuses.
+        status: o.status.parse().unwrap_or(OrderStatus::PendingPayment),
+        items,
+        pay_deadline: Millis(o.pay_deadline_ms),
+        created_at: Millis(o.created_at_ms),
+        updated_at: Millis(o.updated_at_ms),
+        version: o.version,
+        paid_at: o.paid_at_ms.map(Millis),
+        ship_deadline: o.ship_deadline_ms.map(Millis),
+        fulfillment_overdue_at: o.fulfillment_overdue_at_ms.map(Millis),
+        late_payment_at: o.late_payment_at_ms.map(Millis),
+        shipped_at: o.shipped_at_ms.map(Millis),
+        confirm_deadline: o.confirm_deadline_ms.map(Millis),
+        completed_at: o.completed_at_ms.map(Millis),
+        cancelled_at: o.cancelled_at_ms.map(Millis),
+        audit: None,
+    }
+}

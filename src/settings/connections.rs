@@ -1,0 +1,205 @@
+//! The URLs of the database, the broker and its management API, checked
+//! before any library sees them, and what comes with them (prefix, CA file,
+//! instance name).
+
+use super::*;
+
+/// What to do about a URL that does not parse: reserved characters in a
+/// password are the usual cause.
+pub(super) const ENCODE_HINT: &str =
+    "percent-encode reserved characters (: / ? # [ ] @ %) in the user name and password";
+
+/// `amqp.url`, checked with the parser the AMQP client itself uses, so that
+/// no URL reaches the client that it would refuse with an error quoting it
+/// whole (password included) on every reconnect.
+pub(super) fn parse_amqp_url(key: &str, value: &str) -> Result<String, SettingsError> {
+    let redacted = redact_url(value);
+    let url = url::Url::parse(value).map_err(|e| {
+        invalid(
+            key,
+            format!("'{redacted}' is not a URL ({e}); {ENCODE_HINT}"),
+        )
+    })?;
+    if url.scheme() != "amqp" && url.scheme() != "amqps" {
+        return Err(invalid(
+            key,
+            format!("scheme '{}' (expected amqp:// or amqps://)", url.scheme()),
+        ));
+    }
+    // The client's own error text quotes the URL: say what is wrong without it.
+    if url.cannot_be_a_base() || value.parse::<lapin::uri::AMQPUri>().is_err() {
+        return Err(invalid(
+            key,
+            format!(
+                "'{redacted}' is not an AMQP URL (amqp://user:password@host:port/vhost); {ENCODE_HINT}"
+            ),
+        ));
+    }
+    Ok(value.to_string())
+}
+
+/// `database.url`: `sqlite:…`, `postgres://…` or `mysql://…`, with a host. The
+/// database library quotes a URL it cannot parse or has no driver for whole,
+/// password included: such a URL stops start-up here, redacted.
+pub(super) fn parse_database_url(key: &str, value: &str) -> Result<String, SettingsError> {
+    let value = non_empty(key, value)?;
+    if value.starts_with("sqlite:") {
+        return Ok(value);
+    }
+    let redacted = redact_url(&value);
+    let url = url::Url::parse(&value).map_err(|e| {
+        invalid(
+            key,
+            format!("'{redacted}' is not a URL ({e}); {ENCODE_HINT}"),
+        )
+    })?;
+    match url.scheme() {
+        "postgres" | "postgresql" | "mysql" => {}
+        "mariadb" => {
+            return Err(invalid(
+                key,
+                format!("'{redacted}': MariaDB is reached with mysql://, not mariadb://"),
+            ));
+        }
+        other => {
+            return Err(invalid(
+                key,
+                format!("scheme '{other}' (expected sqlite:, postgres:// or mysql://)"),
+            ));
+        }
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid(
+            key,
+            format!("'{redacted}' has no host; {ENCODE_HINT}"),
+        ));
+    }
+    Ok(value)
+}
+
+/// `text` (a library's error message) with the secrets of `raw_url` replaced
+/// by `***`: the URL itself, and its password as written and decoded. The last
+/// line of defence behind the checks above, for errors quoting what they got.
+pub fn scrub_url(text: &str, raw_url: &str) -> String {
+    let mut out = text.replace(raw_url, &redact_url(raw_url));
+    if let Ok(url) = url::Url::parse(raw_url)
+        && let Some(password) = url.password().filter(|p| !p.is_empty())
+    {
+        let decoded = percent_encoding::percent_decode_str(password).decode_utf8_lossy();
+        out = out
+            .replace(password, "***")
+            .replace(decoded.as_ref(), "***");
+    }
+    out
+}
+
+/// `amqp.management_url`: `off`; empty for the broker's host over http on
+/// 15672; or an `http://` URL. Credentials not in the URL are those of
+/// `amqp.url`, and so is the vhost. (No https: the service's HTTP client is
+/// built without TLS; with an `amqps://` broker and no URL it is off.)
+pub(super) fn parse_management(
+    key: &str,
+    value: &str,
+    amqp_url: &str,
+) -> Result<Option<ManagementApi>, SettingsError> {
+    if value == "off" {
+        return Ok(None);
+    }
+    // amqp.url was validated first; its parts fill what this URL leaves out.
+    let amqp: lapin::uri::AMQPUri = amqp_url
+        .parse()
+        .map_err(|e| invalid("amqp.url", format!("'{}' ({e})", redact_url(amqp_url))))?;
+    let from_amqp = |base: String| ManagementApi {
+        base,
+        username: amqp.authority.userinfo.username.clone(),
+        password: Secret::opaque(amqp.authority.userinfo.password.clone()),
+        vhost: amqp.vhost.clone(),
+    };
+    if value.is_empty() {
+        if amqp_url.starts_with("amqps:") {
+            return Ok(None);
+        }
+        let host = &amqp.authority.host;
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        return Ok(Some(from_amqp(format!("http://{host}:15672"))));
+    }
+    let url = url::Url::parse(value)
+        .map_err(|e| invalid(key, format!("'{}' is not a URL ({e})", redact_url(value))))?;
+    match url.scheme() {
+        "http" => {}
+        "https" => {
+            return Err(invalid(
+                key,
+                "https is not supported (the service's HTTP client has no TLS): give an http:// listener or 'off'",
+            ));
+        }
+        other => {
+            return Err(invalid(
+                key,
+                format!("scheme '{other}' (expected http://, empty for the default, or off)"),
+            ));
+        }
+    }
+    let host = url
+        .host_str()
+        .ok_or_else(|| invalid(key, format!("'{}' has no host", redact_url(value))))?;
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let path = url.path().trim_end_matches('/').trim_end_matches("/api");
+    let mut api = from_amqp(format!("http://{host}{port}{path}"));
+    if !url.username().is_empty() {
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        api.username = decode(url.username());
+        api.password = Secret::opaque(decode(url.password().unwrap_or_default()));
+    }
+    Ok(Some(api))
+}
+
+pub(super) fn parse_prefix(key: &str, value: &str) -> Result<String, SettingsError> {
+    // Names are AMQP short strings (≤ 255 bytes); the longest derived name adds
+    // about 20 characters, so keep the prefix well under that.
+    let ok = !value.is_empty()
+        && value.len() <= 200
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+    if !ok {
+        return Err(invalid(
+            key,
+            format!("'{value}' (expected 1 to 200 characters of A-Z a-z 0-9 . - _ :)"),
+        ));
+    }
+    Ok(value.to_string())
+}
+
+/// Reads a PEM file of CA certificates; empty means none.
+pub(super) fn read_pem(key: &str, path: &str) -> Result<Option<String>, SettingsError> {
+    if path.is_empty() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| invalid(key, format!("cannot read '{path}': {e}")))?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(invalid(key, format!("'{path}' holds no PEM certificate")));
+    }
+    Ok(Some(text))
+}
+
+pub(super) fn default_instance() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "localhost".to_string()
+    } else {
+        host
+    };
+    format!("{host}:{}", std::process::id())
+}

@@ -1,0 +1,94 @@
+//! Secrets: values whose `Debug` and `Display` are redacted, and the
+//! redaction of URLs in what is shown or logged.
+
+use super::*;
+
+/// A value that must never be printed: its `Debug` and `Display` are redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret {
+    value: String,
+    /// How much of it may be shown.
+    shown: Shown,
+}
+
+/// What of a secret may be shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// A URL: everything but its password.
+    UrlWithoutPassword,
+    /// Nothing (a bearer token is secret from end to end).
+    Nothing,
+}
+
+impl Secret {
+    /// Wraps a URL (or a password) whose password part is secret.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self {
+            value: value.into(),
+            shown: Shown::UrlWithoutPassword,
+        }
+    }
+    /// Wraps a value that is secret as a whole, such as a bearer token.
+    pub fn opaque(value: impl Into<String>) -> Self {
+        Self {
+            value: value.into(),
+            shown: Shown::Nothing,
+        }
+    }
+    /// The secret itself, for the one place that must use it (a connect call).
+    pub fn expose(&self) -> &str {
+        &self.value
+    }
+    /// The value with any password replaced, safe for logs and `doctor`.
+    pub fn redacted(&self) -> String {
+        match self.shown {
+            Shown::UrlWithoutPassword => redact_url(&self.value),
+            Shown::Nothing => "***".to_string(),
+        }
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({})", self.redacted())
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// Replaces the password of a URL (and any `password=` query value) with `***`.
+/// Text that is not a URL is returned whole only when it cannot hold a password.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        // `user:pass@host` parses as scheme `user` with an opaque path: hide it all.
+        Ok(url) if url.cannot_be_a_base() && raw.contains('@') => "***".to_string(),
+        Ok(mut url) => {
+            if url.password().is_some() {
+                let _ = url.set_password(Some("***"));
+            }
+            let pairs: Vec<(String, String)> = url
+                .query_pairs()
+                .map(|(k, v)| {
+                    let v = if k.eq_ignore_ascii_case("password") {
+                        "***".into()
+                    } else {
+                        v.into_owned()
+                    };
+                    (k.into_owned(), v)
+                })
+                .collect();
+            if !pairs.is_empty() {
+                url.query_pairs_mut().clear().extend_pairs(pairs);
+            }
+            url.to_string()
+        }
+        // Something like `user:pass@host` that is not a URL: hide everything after
+        // the first colon rather than risk printing a password.
+        Err(_) if raw.contains('@') => "***".to_string(),
+        Err(_) => raw.to_string(),
+    }
+}

@@ -1,0 +1,373 @@
+//! Unit tests of the settings.
+
+use super::*;
+
+fn load(env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    let env = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Settings::load(&SettingsSource {
+        file: None,
+        env: Some(env),
+    })
+}
+
+#[test]
+fn defaults_load() {
+    let s = load(&[]).unwrap();
+    assert_eq!(s.amqp.prefix, "order.timeouts");
+    assert_eq!(s.windows.payment, Duration::from_secs(1800));
+    assert_eq!(s.windows.fulfillment, Duration::from_secs(7 * 86400));
+    assert_eq!(s.http.bind.to_string(), "127.0.0.1:8080");
+    assert_eq!(s.amqp.delay_mode, DelayMode::Auto);
+    assert_eq!(s.http.header_read_timeout, Duration::from_secs(75));
+    assert_eq!(s.http.request_timeout, Duration::from_secs(30));
+    assert_eq!((s.http.max_connections, s.http.max_in_flight), (1024, 100));
+    assert_eq!(
+        (
+            s.database.max_connections,
+            s.database.background_connections
+        ),
+        (10, 5)
+    );
+}
+
+#[test]
+fn env_overrides_and_is_recorded() {
+    let s = load(&[
+        ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl"),
+        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "15m"),
+    ])
+    .unwrap();
+    assert_eq!(s.amqp.delay_mode, DelayMode::Ttl);
+    assert_eq!(s.windows.payment, Duration::from_secs(900));
+    assert_eq!(
+        s.sources["amqp.delay_mode"],
+        Source::Env("ORDER_TIMEOUT__AMQP__DELAY_MODE".into())
+    );
+}
+
+#[test]
+fn wrong_values_name_their_key() {
+    for (var, value, key) in [
+        ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "fast", "amqp.delay_mode"),
+        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "soon", "windows.payment"),
+        ("ORDER_TIMEOUT__WINDOWS__RECEIPT", "60d", "windows.receipt"),
+        ("ORDER_TIMEOUT__HTTP__BIND", "localhost", "http.bind"),
+        ("ORDER_TIMEOUT__AMQP__URL", "http://x", "amqp.url"),
+        ("ORDER_TIMEOUT__AMQP__PREFETCH", "0", "amqp.prefetch"),
+        ("ORDER_TIMEOUT__LOG__FORMAT", "xml", "log.format"),
+        (
+            "ORDER_TIMEOUT__HTTP__HEADER_READ_TIMEOUT",
+            "0s",
+            "http.header_read_timeout",
+        ),
+        (
+            "ORDER_TIMEOUT__HTTP__REQUEST_TIMEOUT",
+            "forever",
+            "http.request_timeout",
+        ),
+        (
+            "ORDER_TIMEOUT__HTTP__MAX_CONNECTIONS",
+            "0",
+            "http.max_connections",
+        ),
+        (
+            "ORDER_TIMEOUT__HTTP__MAX_IN_FLIGHT",
+            "-1",
+            "http.max_in_flight",
+        ),
+        (
+            "ORDER_TIMEOUT__DATABASE__BACKGROUND_CONNECTIONS",
+            "0",
+            "database.background_connections",
+        ),
+    ] {
+        let err = load(&[(var, value)]).unwrap_err().to_string();
+        assert!(err.contains(&format!("`{key}`")), "{err}");
+    }
+}
+
+#[test]
+fn management_api_defaults_to_the_brokers_host_and_credentials() {
+    let api = |env: &[(&str, &str)]| load(env).unwrap().amqp.management;
+    let default = api(&[]).unwrap();
+    assert_eq!(default.base, "http://127.0.0.1:15672");
+    assert_eq!(
+        (default.username.as_str(), default.password.expose()),
+        ("guest", "guest")
+    );
+    assert_eq!(default.vhost, "/");
+    let shop = api(&[(
+        "ORDER_TIMEOUT__AMQP__URL",
+        "amqp://shop:pw@mq.internal:5672/shop%2Fa",
+    )])
+    .unwrap();
+    assert_eq!(shop.base, "http://mq.internal:15672");
+    assert_eq!(
+        (shop.username.as_str(), shop.vhost.as_str()),
+        ("shop", "shop/a")
+    );
+    let given = api(&[
+        ("ORDER_TIMEOUT__AMQP__URL", "amqp://shop:pw@mq:5672/shop"),
+        (
+            "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+            "http://ops:s%40id@mq-admin:8080/rabbit/api/",
+        ),
+    ])
+    .unwrap();
+    assert_eq!(given.base, "http://mq-admin:8080/rabbit");
+    assert_eq!(
+        (given.username.as_str(), given.password.expose()),
+        ("ops", "s@id")
+    );
+    assert_eq!(given.vhost, "shop");
+    assert_eq!(api(&[("ORDER_TIMEOUT__AMQP__MANAGEMENT_URL", "off")]), None);
+    // amqps://: the default would be https, which this client cannot speak.
+    assert_eq!(
+        api(&[("ORDER_TIMEOUT__AMQP__URL", "amqps://u:p@mq:5671/%2f")]),
+        None
+    );
+    for bad in ["https://mq:15671", "ftp://mq", "not a url"] {
+        let err = load(&[("ORDER_TIMEOUT__AMQP__MANAGEMENT_URL", bad)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`amqp.management_url`"), "{bad}: {err}");
+    }
+    // Shown without the password.
+    let shown = load(&[(
+        "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+        "http://ops:hunter2@mq:15672",
+    )])
+    .unwrap()
+    .describe();
+    assert!(!format!("{shown:?}").contains("hunter2"));
+}
+
+#[test]
+fn urls_that_libraries_would_quote_whole_stop_here_redacted() {
+    for (var, value) in [
+        ("ORDER_TIMEOUT__DATABASE__URL", "mariadb://u:hunter2pw@h/db"),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://u:hunter2#pw@h/db",
+        ),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://u:hunter2?pw@h/db",
+        ),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://u:hunter2/pw@h/db",
+        ),
+        ("ORDER_TIMEOUT__DATABASE__URL", "oracle://u:hunter2pw@h/db"),
+        ("ORDER_TIMEOUT__AMQP__URL", "amqp:u:hunter2pw@h"),
+        ("ORDER_TIMEOUT__AMQP__URL", "amqp://u:hunter2#pw@h:5672/%2f"),
+    ] {
+        let err = load(&[(var, value)]).unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{value}: {err}");
+        let key = if var.contains("DATABASE") {
+            "database.url"
+        } else {
+            "amqp.url"
+        };
+        assert!(err.contains(&format!("`{key}`")), "{value}: {err}");
+    }
+    // Well-formed URLs pass, percent-encoded passwords included.
+    for url in [
+        "postgres://u:p%23w@h/db",
+        "mysql://root@127.0.0.1:3306/x",
+        "sqlite::memory:",
+    ] {
+        load(&[("ORDER_TIMEOUT__DATABASE__URL", url)]).unwrap();
+    }
+    let scrubbed = scrub_url(
+        "error with 'postgres://u:p%23w@h/db' and p#w",
+        "postgres://u:p%23w@h/db",
+    );
+    assert_eq!(scrubbed, "error with 'postgres://u:***@h/db' and ***");
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    let err = load(&[("ORDER_TIMEOUT__AMQP__DELAYMODE", "ttl")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`amqp.delaymode`"), "{err}");
+}
+
+#[test]
+fn file_layer_sits_between_defaults_and_env() {
+    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.toml");
+    std::fs::write(
+        &path,
+        "[amqp]\nprefix = \"shop.t\"\nprefetch = 50\n[windows]\npayment = \"10m\"\n",
+    )
+    .unwrap();
+    let env = [(
+        "ORDER_TIMEOUT__WINDOWS__PAYMENT".to_string(),
+        "5m".to_string(),
+    )]
+    .into_iter()
+    .collect();
+    let s = Settings::load(&SettingsSource {
+        file: Some(path.clone()),
+        env: Some(env),
+    })
+    .unwrap();
+    assert_eq!(s.amqp.prefix, "shop.t");
+    assert_eq!(s.amqp.prefetch, 50);
+    assert_eq!(s.windows.payment, Duration::from_secs(300));
+    assert_eq!(s.sources["amqp.prefix"], Source::File(path));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+const TOKEN_A: &str = "aaaaaaaa-0123456789";
+const TOKEN_B: &str = "bbbbbbbb-0123456789";
+
+#[test]
+fn tokens_parse_as_a_comma_separated_list() {
+    let tokens = |v: &str| {
+        parse_tokens("http.admin_tokens", v)
+            .map(|t| t.iter().map(|s| s.expose().to_string()).collect::<Vec<_>>())
+    };
+    assert_eq!(tokens("").unwrap(), Vec::<String>::new());
+    assert_eq!(tokens("  ").unwrap(), Vec::<String>::new());
+    assert_eq!(tokens(TOKEN_A).unwrap(), [TOKEN_A]);
+    // Rotation: old,new; spaces around the commas do not count.
+    assert_eq!(
+        tokens(&format!("{TOKEN_A}, {TOKEN_B}")).unwrap(),
+        [TOKEN_A, TOKEN_B]
+    );
+    for (bad, why) in [
+        ("short-token", "11 characters; at least 16"),
+        (
+            "has a space in it-0123456789",
+            "token 1 contains whitespace",
+        ),
+        ("tab\tinside-0123456789", "token 1 contains whitespace"),
+        ("non-ascii-é-0123456789", "not printable ASCII"),
+    ] {
+        let err = tokens(bad).unwrap_err().to_string();
+        assert!(err.contains("`http.admin_tokens`"), "{err}");
+        assert!(err.contains(why), "{bad}: {err}");
+        assert!(!err.contains(bad), "a token is never shown: {err}");
+    }
+    let err = tokens(&format!("{TOKEN_A},,{TOKEN_B}"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("token 2 is empty"), "{err}");
+    let err = tokens(&format!("{TOKEN_A},{TOKEN_A}"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("token 2 is given twice"), "{err}");
+    assert!(!err.contains(TOKEN_A), "{err}");
+}
+
+#[test]
+fn one_token_in_both_scopes_is_refused() {
+    let err = load(&[
+        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
+        (
+            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
+            &format!("{TOKEN_B},{TOKEN_A}"),
+        ),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("`http.checkout_tokens`"), "{err}");
+    assert!(err.contains("`http.admin_tokens`"), "{err}");
+    assert!(!err.contains(TOKEN_A), "{err}");
+}
+
+#[test]
+fn a_reachable_bind_needs_tokens_or_an_explicitly_open_api() {
+    for bind in [
+        "0.0.0.0:8080",
+        "10.1.2.3:8080",
+        "[::]:8080",
+        "[::ffff:10.0.0.1]:80",
+    ] {
+        let err = load(&[("ORDER_TIMEOUT__HTTP__BIND", bind)])
+            .unwrap_err()
+            .to_string();
+        for key in [
+            "`http.bind`",
+            "`http.admin_tokens`",
+            "`http.checkout_tokens`",
+            "`http.allow_anonymous",
+        ] {
+            assert!(err.contains(key), "{bind}: {err}");
+        }
+        load(&[
+            ("ORDER_TIMEOUT__HTTP__BIND", bind),
+            ("ORDER_TIMEOUT__HTTP__ALLOW_ANONYMOUS", "true"),
+        ])
+        .unwrap();
+        load(&[
+            ("ORDER_TIMEOUT__HTTP__BIND", bind),
+            ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_A),
+        ])
+        .unwrap();
+    }
+    for loopback in [
+        "127.0.0.1:0",
+        "127.8.9.10:80",
+        "[::1]:8080",
+        "[::ffff:127.0.0.1]:80",
+    ] {
+        let s = load(&[("ORDER_TIMEOUT__HTTP__BIND", loopback)]).unwrap();
+        assert!(!s.http.has_tokens());
+    }
+    let err = load(&[("ORDER_TIMEOUT__HTTP__PROTECT_OPERATIONS", "true")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`http.protect_operations`"), "{err}");
+}
+
+#[test]
+fn the_default_payment_window_stays_within_the_maximum() {
+    let s = load(&[]).unwrap();
+    assert_eq!(s.windows.max_payment, Duration::from_secs(7 * 86400));
+    let err = load(&[("ORDER_TIMEOUT__WINDOWS__PAYMENT", "8d")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`windows.payment`"), "{err}");
+    assert!(err.contains("`windows.max_payment` (7days)"), "{err}");
+    let s = load(&[
+        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "8d"),
+        ("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "10d"),
+    ])
+    .unwrap();
+    assert_eq!(s.windows.payment, Duration::from_secs(8 * 86400));
+    let err = load(&[("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "60d")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`windows.max_payment`"), "{err}");
+}
+
+#[test]
+fn secrets_are_redacted() {
+    let s = Secret::new("amqp://shop:hunter2@rabbit:5672/%2f");
+    assert!(!format!("{s:?} {s}").contains("hunter2"));
+    assert!(!redact_url("postgres://u:hunter2@db/x?password=hunter2").contains("hunter2"));
+    assert!(!redact_url("u:hunter2@db").contains("hunter2"));
+    let token = Secret::opaque("hunter2-token-0123456789");
+    assert_eq!(format!("{token:?} {token}"), "Secret(***) ***");
+    let shown = load(&[
+        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
+        (
+            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
+            &format!("{TOKEN_B},hunter2-token-0123456789"),
+        ),
+    ])
+    .unwrap();
+    let described = format!("{:?} {shown:?}", shown.describe());
+    for token in [TOKEN_A, TOKEN_B, "hunter2"] {
+        assert!(!described.contains(token), "{described}");
+    }
+    assert!(described.contains("2 tokens (redacted)"), "{described}");
+}
