@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
 
+use super::disposition::{Decided, Disposition, decide};
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
@@ -41,85 +42,6 @@ const FLOWING: Duration = Duration::from_millis(50);
 /// How often the database may refuse one order's timeout, alone, before its
 /// delivery is parked.
 const ISOLATED_ATTEMPTS: u32 = 3;
-
-/// What the database said about a batch's orders.
-#[derive(Debug, Default)]
-struct Decided {
-    /// Each order's outcome, with the time it was decided at.
-    outcomes: HashMap<OrderId, (ExpiryOutcome, Millis)>,
-    /// Orders whose transition the database refused, alone, with its error.
-    refused: HashMap<OrderId, String>,
-}
-
-impl Decided {
-    /// Adds one part's outcomes. An order split across parts (duplicate
-    /// deliveries) keeps the outcome that applied it.
-    fn merge(&mut self, outcomes: HashMap<OrderId, ExpiryOutcome>, now: Millis) {
-        for (id, outcome) in outcomes {
-            let applied_before = matches!(
-                self.outcomes.get(&id),
-                Some((ExpiryOutcome::Applied { .. }, _))
-            );
-            if !applied_before {
-                self.outcomes.insert(id, (outcome, now));
-            }
-        }
-    }
-}
-
-/// What to do with one delivery once the database has spoken.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// The transition committed now: ack.
-    Applied {
-        /// Milliseconds from the deadline to now.
-        lateness_ms: i64,
-    },
-    /// Nothing to do: ack.
-    NotApplicable {
-        /// The order's status.
-        status: String,
-    },
-    /// Early, due within `hold_max`: keep it unacked and try again at the deadline.
-    Hold(Duration),
-    /// Early by more than `hold_max`: publish it again to wait, then ack.
-    Redelay(Duration),
-    /// Park with this reason, then ack.
-    Park(Park),
-}
-
-/// The one place that maps a database outcome to what happens to a delivery.
-pub fn decide(
-    outcome: ExpiryOutcome,
-    now: Millis,
-    hold_max: Duration,
-    first_for_order: bool,
-) -> Action {
-    match outcome {
-        ExpiryOutcome::Applied { deadline } if first_for_order => Action::Applied {
-            lateness_ms: now.signed_since(deadline),
-        },
-        // A duplicate of the same order in the same batch: the first one applied it.
-        ExpiryOutcome::Applied { .. } => Action::NotApplicable {
-            status: "duplicate".into(),
-        },
-        ExpiryOutcome::Inapplicable { status } => Action::NotApplicable {
-            status: status.as_str().into(),
-        },
-        ExpiryOutcome::NotFound => {
-            Action::Park(Park::new(ParkReason::UnknownOrder, "no order has this id"))
-        }
-        ExpiryOutcome::NotDue { deadline } => {
-            // One extra millisecond so the retry lands at or after the deadline.
-            let remaining = deadline.since(now) + Duration::from_millis(1);
-            if remaining <= hold_max {
-                Action::Hold(remaining)
-            } else {
-                Action::Redelay(remaining)
-            }
-        }
-    }
-}
 
 /// Runs the consumers of every kind on one connection until shutdown or failure.
 pub async fn run(
@@ -427,7 +349,7 @@ impl KindConsumer {
             let id = message.order_id;
             let action = match (decided.outcomes.get(&id), decided.refused.get(&id)) {
                 (Some(&(outcome, now)), _) => decide(outcome, now, hold_max, seen.insert(id)),
-                (None, Some(error)) => Action::Park(Park::new(
+                (None, Some(error)) => Disposition::Park(Park::new(
                     ParkReason::DatabaseRefused,
                     format!(
                         "the database refused this timeout {ISOLATED_ATTEMPTS} times while it answered the rest: {error}"
@@ -436,31 +358,31 @@ impl KindConsumer {
                 (None, None) => decide(ExpiryOutcome::NotFound, Millis::now(), hold_max, true),
             };
             match action {
-                Action::Applied { lateness_ms } => {
+                Disposition::Applied { lateness_ms } => {
                     settled.push(delivery.delivery_tag);
                     self.ctx
                         .events
                         .timeout_applied(self.kind, id, lateness_ms, "message");
                 }
-                Action::NotApplicable { status } => {
+                Disposition::NotApplicable { status } => {
                     settled.push(delivery.delivery_tag);
                     self.ctx
                         .events
                         .timeout_not_applicable(self.kind, id, &status);
                 }
-                Action::Hold(wait) => {
+                Disposition::Hold(wait) => {
                     self.ctx.events.timeout_early(self.kind, id, wait, true);
                     self.ctx.events.held_changed(1);
                     let tag = delivery.delivery_tag;
                     let key = self.held.insert(delivery, wait);
                     self.held_keys.insert(tag, key);
                 }
-                Action::Redelay(wait) => {
+                Disposition::Redelay(wait) => {
                     self.redelay(&delivery, &message, wait).await?;
                     delivery.acker.ack(Default::default()).await?;
                     self.ctx.events.timeout_early(self.kind, id, wait, false);
                 }
-                Action::Park(park) => {
+                Disposition::Park(park) => {
                     park_delivery(
                         &self.ctx,
                         &self.publish,
@@ -532,78 +454,5 @@ impl KindConsumer {
             properties,
         )
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::OrderStatus;
-
-    const HOLD: Duration = Duration::from_secs(1);
-
-    #[test]
-    fn applied_once_per_order() {
-        let now = Millis(10_000);
-        let applied = ExpiryOutcome::Applied {
-            deadline: Millis(9_900),
-        };
-        assert_eq!(
-            decide(applied, now, HOLD, true),
-            Action::Applied { lateness_ms: 100 }
-        );
-        assert!(matches!(
-            decide(applied, now, HOLD, false),
-            Action::NotApplicable { .. }
-        ));
-    }
-
-    #[test]
-    fn early_messages_are_held_or_redelayed_never_applied() {
-        let now = Millis(10_000);
-        assert_eq!(
-            decide(
-                ExpiryOutcome::NotDue {
-                    deadline: Millis(10_500)
-                },
-                now,
-                HOLD,
-                true
-            ),
-            Action::Hold(Duration::from_millis(501))
-        );
-        assert_eq!(
-            decide(
-                ExpiryOutcome::NotDue {
-                    deadline: Millis(70_000)
-                },
-                now,
-                HOLD,
-                true
-            ),
-            Action::Redelay(Duration::from_millis(60_001))
-        );
-    }
-
-    #[test]
-    fn moved_on_is_acked_and_unknown_is_parked() {
-        let now = Millis(0);
-        assert_eq!(
-            decide(
-                ExpiryOutcome::Inapplicable {
-                    status: OrderStatus::Paid
-                },
-                now,
-                HOLD,
-                true
-            ),
-            Action::NotApplicable {
-                status: "paid".into()
-            }
-        );
-        match decide(ExpiryOutcome::NotFound, now, HOLD, true) {
-            Action::Park(p) => assert_eq!(p.reason, ParkReason::UnknownOrder),
-            other => panic!("{other:?}"),
-        }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod consumer;
 pub mod definitions;
+pub mod disposition;
 pub mod management;
 pub mod relay;
 pub mod router;

@@ -1,0 +1,178 @@
+//! What happens to a timeout delivery once the database has spoken: the
+//! outcome of a batch's transitions ([`Decided`]) and, for each delivery, its
+//! [`Disposition`] (ack, hold, re-delay or park), decided in one place.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::wire::{Park, ParkReason};
+use crate::db::store::ExpiryOutcome;
+use crate::domain::{Millis, OrderId};
+
+/// What the database said about a batch's orders.
+#[derive(Debug, Default)]
+pub struct Decided {
+    /// Each order's outcome, with the time it was decided at.
+    pub outcomes: HashMap<OrderId, (ExpiryOutcome, Millis)>,
+    /// Orders whose transition the database refused, alone, with its error.
+    pub refused: HashMap<OrderId, String>,
+}
+
+impl Decided {
+    /// Adds one part's outcomes. An order split across parts (duplicate
+    /// deliveries) keeps the outcome that applied it.
+    pub fn merge(&mut self, outcomes: HashMap<OrderId, ExpiryOutcome>, now: Millis) {
+        for (id, outcome) in outcomes {
+            let applied_before = matches!(
+                self.outcomes.get(&id),
+                Some((ExpiryOutcome::Applied { .. }, _))
+            );
+            if !applied_before {
+                self.outcomes.insert(id, (outcome, now));
+            }
+        }
+    }
+}
+
+/// What to do with one delivery once the database has spoken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// The transition committed now: ack.
+    Applied {
+        /// Milliseconds from the deadline to now.
+        lateness_ms: i64,
+    },
+    /// Nothing to do: ack.
+    NotApplicable {
+        /// The order's status.
+        status: String,
+    },
+    /// Early, due within `hold_max`: keep it unacked and try again at the deadline.
+    Hold(Duration),
+    /// Early by more than `hold_max`: publish it again to wait, then ack.
+    Redelay(Duration),
+    /// Park with this reason, then ack.
+    Park(Park),
+}
+
+/// The one place that maps a database outcome to what happens to a delivery.
+pub fn decide(
+    outcome: ExpiryOutcome,
+    now: Millis,
+    hold_max: Duration,
+    first_for_order: bool,
+) -> Disposition {
+    match outcome {
+        ExpiryOutcome::Applied { deadline } if first_for_order => Disposition::Applied {
+            lateness_ms: now.signed_since(deadline),
+        },
+        // A duplicate of the same order in the same batch: the first one applied it.
+        ExpiryOutcome::Applied { .. } => Disposition::NotApplicable {
+            status: "duplicate".into(),
+        },
+        ExpiryOutcome::Inapplicable { status } => Disposition::NotApplicable {
+            status: status.as_str().into(),
+        },
+        ExpiryOutcome::NotFound => {
+            Disposition::Park(Park::new(ParkReason::UnknownOrder, "no order has this id"))
+        }
+        ExpiryOutcome::NotDue { deadline } => {
+            // One extra millisecond so the retry lands at or after the deadline.
+            let remaining = deadline.since(now) + Duration::from_millis(1);
+            if remaining <= hold_max {
+                Disposition::Hold(remaining)
+            } else {
+                Disposition::Redelay(remaining)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::OrderStatus;
+
+    const HOLD: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_split_batch_keeps_the_outcome_that_applied() {
+        let id = OrderId::new(7);
+        let mut decided = Decided::default();
+        let applied = ExpiryOutcome::Applied {
+            deadline: Millis(900),
+        };
+        decided.merge(HashMap::from([(id, applied)]), Millis(1_000));
+        // The same order's duplicate, decided in the other half, found it done.
+        let done = ExpiryOutcome::Inapplicable {
+            status: OrderStatus::Cancelled,
+        };
+        decided.merge(HashMap::from([(id, done)]), Millis(1_100));
+        assert_eq!(decided.outcomes[&id], (applied, Millis(1_000)));
+    }
+
+    #[test]
+    fn applied_once_per_order() {
+        let now = Millis(10_000);
+        let applied = ExpiryOutcome::Applied {
+            deadline: Millis(9_900),
+        };
+        assert_eq!(
+            decide(applied, now, HOLD, true),
+            Disposition::Applied { lateness_ms: 100 }
+        );
+        assert!(matches!(
+            decide(applied, now, HOLD, false),
+            Disposition::NotApplicable { .. }
+        ));
+    }
+
+    #[test]
+    fn early_messages_are_held_or_redelayed_never_applied() {
+        let now = Millis(10_000);
+        assert_eq!(
+            decide(
+                ExpiryOutcome::NotDue {
+                    deadline: Millis(10_500)
+                },
+                now,
+                HOLD,
+                true
+            ),
+            Disposition::Hold(Duration::from_millis(501))
+        );
+        assert_eq!(
+            decide(
+                ExpiryOutcome::NotDue {
+                    deadline: Millis(70_000)
+                },
+                now,
+                HOLD,
+                true
+            ),
+            Disposition::Redelay(Duration::from_millis(60_001))
+        );
+    }
+
+    #[test]
+    fn moved_on_is_acked_and_unknown_is_parked() {
+        let now = Millis(0);
+        assert_eq!(
+            decide(
+                ExpiryOutcome::Inapplicable {
+                    status: OrderStatus::Paid
+                },
+                now,
+                HOLD,
+                true
+            ),
+            Disposition::NotApplicable {
+                status: "paid".into()
+            }
+        );
+        match decide(ExpiryOutcome::NotFound, now, HOLD, true) {
+            Disposition::Park(p) => assert_eq!(p.reason, ParkReason::UnknownOrder),
+            other => panic!("{other:?}"),
+        }
+    }
+}

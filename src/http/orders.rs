@@ -1,0 +1,278 @@
+//! `/orders`: checkout (with `Idempotency-Key`), reading an order, and the
+//! buyer's and merchant's actions on it.
+
+use super::*;
+
+/// One line of a new order.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ItemBody {
+    sku: String,
+    quantity: i64,
+}
+
+/// A checkout.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OrderBody {
+    items: Vec<ItemBody>,
+    payment_window: Option<String>,
+}
+
+/// Validates a checkout request into items and a window: the default
+/// payment window, or the one asked for, at most `windows.max_payment`.
+fn checkout_request(
+    body: OrderBody,
+    windows: &Windows,
+) -> Result<(Vec<NewItem>, Duration), ApiError> {
+    if body.items.is_empty() {
+        return Err(ApiError::unprocessable("an order needs at least one item"));
+    }
+    if body.items.len() > MAX_ITEMS {
+        return Err(ApiError::unprocessable(format!(
+            "an order has at most {MAX_ITEMS} items"
+        )));
+    }
+    let mut items: Vec<NewItem> = Vec::with_capacity(body.items.len());
+    for item in body.items {
+        check_sku(&item.sku)?;
+        if !(1..=MAX_QUANTITY).contains(&item.quantity) {
+            return Err(ApiError::unprocessable(format!(
+                "quantity of '{}' must be from 1 to {MAX_QUANTITY}, got {}",
+                item.sku, item.quantity
+            )));
+        }
+        if items.iter().any(|i| i.sku == item.sku) {
+            return Err(ApiError::unprocessable(format!(
+                "sku '{}' appears twice; give it once with the total",
+                item.sku
+            )));
+        }
+        items.push(NewItem {
+            sku: item.sku,
+            quantity: item.quantity,
+        });
+    }
+    let window = match body.payment_window {
+        None => windows.payment,
+        Some(text) => parse_window("payment_window", &text)
+            .map_err(|e| ApiError::unprocessable(e.to_string()))?,
+    };
+    if window > windows.max_payment {
+        return Err(ApiError::unprocessable(format!(
+            "payment_window {} is longer than the maximum, {} (windows.max_payment)",
+            humantime::format_duration(window),
+            humantime::format_duration(windows.max_payment)
+        )));
+    }
+    Ok((items, window))
+}
+
+/// The `Idempotency-Key` of a request, if it has one.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let bytes = value.as_bytes();
+    let ok = values.next().is_none()
+        && (1..=MAX_KEY_BYTES).contains(&bytes.len())
+        && bytes.iter().all(u8::is_ascii_graphic);
+    match value.to_str() {
+        Ok(key) if ok => Ok(Some(key.to_string())),
+        _ => Err(ApiError::bad_request(format!(
+            "the Idempotency-Key header must be given once, as 1 to {MAX_KEY_BYTES} visible ASCII characters"
+        ))),
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/orders",
+    tag = "orders",
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters. A retry with the same key and the same request answers the first answer again (with `Idempotent-Replayed: true`) and reserves nothing; the key is kept with the order")
+    ),
+    request_body = OrderBody,
+    responses(
+        (status = 201, description = "Created `pending_payment`, stock reserved, payment timeout scheduled; or, with `Idempotent-Replayed: true`, the answer that created the order with this Idempotency-Key", body = OrderView,
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the first answer given again for a retry with the same Idempotency-Key"))),
+        (status = 409, description = "Stock is short; nothing was reserved", body = ErrorBody),
+        (status = 413, description = "Body over 64 KiB", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "Unknown SKU, quantity outside 1..1000000, no items, a SKU twice, a window under 1 ms or over `windows.max_payment` (default 7 days), or an Idempotency-Key already used for a different request; nothing was reserved", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse, or an Idempotency-Key that is empty, too long or not visible ASCII", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
+pub(super) async fn create_order(
+    State(ctx): State<Arc<Context>>,
+    headers: HeaderMap,
+    body: Result<Json<OrderBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let Json(body) = body?;
+    let (items, window) = checkout_request(body, &ctx.settings.windows)?;
+    let key = key.map(|key| IdempotencyKey::new(key, &items, window));
+    match store::checkout(&ctx.api_db, &items, window, Millis::now(), key.as_ref()).await {
+        Ok(order) => {
+            // The outbox row is committed: let the relay publish it now.
+            ctx.relay_wakeup.notify_one();
+            ctx.events
+                .order_created(order.id, &order.pay_deadline.to_rfc3339());
+            let location = format!("/orders/{}", order.id);
+            Ok((
+                StatusCode::CREATED,
+                [(header::LOCATION, location)],
+                Json(order),
+            )
+                .into_response())
+        }
+        Err(CheckoutError::InsufficientStock {
+            sku,
+            requested,
+            available,
+        }) => {
+            let message = format!(
+                "insufficient stock for sku '{sku}': {requested} requested, {available} available"
+            );
+            ctx.events.checkout_rejected("insufficient_stock", &message);
+            Err(ApiError::new(StatusCode::CONFLICT, message))
+        }
+        Err(CheckoutError::UnknownSku(sku)) => {
+            let message = format!("unknown sku '{sku}'");
+            ctx.events.checkout_rejected("unknown_sku", &message);
+            Err(ApiError::unprocessable(message))
+        }
+        Err(CheckoutError::Replay { order, answer }) => {
+            // The same answer as the first time, byte for byte.
+            ctx.events.checkout_replayed(order);
+            Ok((
+                StatusCode::CREATED,
+                [
+                    (header::LOCATION, format!("/orders/{order}")),
+                    (header::CONTENT_TYPE, "application/json".to_string()),
+                    (
+                        header::HeaderName::from_static(IDEMPOTENT_REPLAYED),
+                        "true".to_string(),
+                    ),
+                ],
+                answer,
+            )
+                .into_response())
+        }
+        Err(CheckoutError::KeyReused) => {
+            let message = "this Idempotency-Key was already used for a different request (other items or payment window); use a new key for a new order";
+            ctx.events
+                .checkout_rejected("idempotency_key_reused", message);
+            Err(ApiError::unprocessable(message))
+        }
+        Err(CheckoutError::Db(e)) => Err(e.into()),
+    }
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct OrderQuery {
+    /// `audit` adds the audit trail to the order.
+    include: Option<String>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/orders/{id}",
+    tag = "orders",
+    params(("id" = String, Path, description = "The order id"), OrderQuery),
+    responses(
+        (status = 200, description = "The order (with its audit trail when `include=audit`)", body = OrderView),
+        (status = 404, description = "No such order", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
+pub(super) async fn get_order(
+    State(ctx): State<Arc<Context>>,
+    Path(id): Path<String>,
+    Query(query): Query<OrderQuery>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    let with_audit = match query.include.as_deref() {
+        None => false,
+        Some("audit") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "include={} is not known; include=audit adds the audit trail",
+                crate::domain::truncate(other, 32)
+            )));
+        }
+    };
+    match store::get_order(&ctx.api_db, id, with_audit).await? {
+        Some(order) => Ok(Json(order).into_response()),
+        None => Err(ApiError::not_found(format!("order {id} not found"))),
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/orders/{id}/{action}",
+    tag = "orders",
+    params(
+        ("id" = String, Path, description = "The order id"),
+        ("action" = String, Path, description = "`pay` (inside the window), `ship`, `confirm` or `cancel` (before payment)")
+    ),
+    responses(
+        (status = 200, description = "The order after the transition", body = OrderView),
+        (status = 404, description = "No such order or action", body = ErrorBody),
+        (status = 409, description = "The state diagram forbids it; `status` names the current status. A payment after the deadline cancels the order and is recorded as a late payment", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
+pub(super) async fn order_action(
+    State(ctx): State<Arc<Context>>,
+    Path((id, action)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let action = match action.as_str() {
+        "pay" => Action::Pay,
+        "ship" => Action::Ship,
+        "confirm" => Action::Confirm,
+        "cancel" => Action::Cancel,
+        _ => {
+            return Err(ApiError::not_found(
+                "no such endpoint (actions: pay, ship, confirm, cancel)",
+            ));
+        }
+    };
+    let id = parse_id(&id)?;
+    match store::act(
+        &ctx.api_db,
+        id,
+        action,
+        &ctx.settings.windows,
+        Millis::now(),
+    )
+    .await
+    {
+        Ok(order) => {
+            // Pay and ship wrote an outbox row: let the relay publish it now.
+            ctx.relay_wakeup.notify_one();
+            ctx.events.order_changed(id, action);
+            Ok(Json(order).into_response())
+        }
+        Err(TransitionError::Conflict {
+            order,
+            reason,
+            late_payment,
+        }) => {
+            ctx.events
+                .action_refused(id, action, order.status, late_payment);
+            Err(TransitionError::Conflict {
+                order,
+                reason,
+                late_payment,
+            }
+            .into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
