@@ -6,7 +6,6 @@
 //! terminal; plain lines when piped (or with `NO_COLOR`). Everything it made is
 //! removed at the end.
 
-use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -164,16 +163,30 @@ fn unready(answer: Option<&Value>) -> String {
 }
 
 async fn drive(style: &Style, base: &str, token: &str) -> anyhow::Result<()> {
+    let http = client(token)?;
+    wait_ready(style, &http, base).await?;
+    stock(style, &http, base).await?;
+    let orders = place(style, &http, base).await?;
+    let ledger = watch(style, &http, base, &orders).await?;
+    summary(style, &http, base, &orders, &ledger).await
+}
+
+/// The demo's HTTP client, sending the token it gave the service.
+fn client(token: &str) -> anyhow::Result<reqwest::Client> {
     let mut authorization = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
     authorization.set_sensitive(true);
-    let http = reqwest::Client::builder()
+    Ok(reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .default_headers(
             [(reqwest::header::AUTHORIZATION, authorization)]
                 .into_iter()
                 .collect(),
         )
-        .build()?;
+        .build()?)
+}
+
+/// Waits for `/readyz`, saying what was not ready when it gives up.
+async fn wait_ready(style: &Style, http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
         let answer = match http.get(format!("{base}/readyz")).send().await {
@@ -192,7 +205,10 @@ async fn drive(style: &Style, base: &str, token: &str) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     style.line(&format!("{}  service ready at {base}", clock()));
+    Ok(())
+}
 
+async fn stock(style: &Style, http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
     for (sku, available) in STOCK {
         http.put(format!("{base}/inventory/{sku}"))
             .json(&json!({ "available": available }))
@@ -200,17 +216,19 @@ async fn drive(style: &Style, base: &str, token: &str) -> anyhow::Result<()> {
             .await?
             .error_for_status()?;
     }
-    style.line(&format!(
-        "{}  stocked {}",
-        clock(),
-        STOCK
-            .iter()
-            .map(|(s, n)| format!("{s}={n}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    ));
+    let stocked: Vec<String> = STOCK.iter().map(|(s, n)| format!("{s}={n}")).collect();
+    style.line(&format!("{}  stocked {}", clock(), stocked.join(" ")));
+    Ok(())
+}
 
-    let mut orders: Vec<(String, Option<u64>, Value)> = Vec::new();
+/// One order of the demo: its id, and when it is paid (ms after placing), if ever.
+struct Placed {
+    id: String,
+    pay_after: Option<u64>,
+}
+
+async fn place(style: &Style, http: &reqwest::Client, base: &str) -> anyhow::Result<Vec<Placed>> {
+    let mut orders = Vec::new();
     for (items, window, pay_after) in ORDERS {
         let body = json!({
             "items": items.iter().map(|(s, q)| json!({"sku": s, "quantity": q})).collect::<Vec<_>>(),
@@ -225,105 +243,140 @@ async fn drive(style: &Style, base: &str, token: &str) -> anyhow::Result<()> {
             .json()
             .await?;
         let id = order["id"].as_str().unwrap_or_default().to_string();
-        let what = items
-            .iter()
-            .map(|(s, q)| format!("{q}×{s}"))
-            .collect::<Vec<_>>()
-            .join(" + ");
+        let what: Vec<String> = items.iter().map(|(s, q)| format!("{q}×{s}")).collect();
         let plan = if pay_after.is_some() {
             style.paint("32", "will be paid")
         } else {
             style.paint("33", "will not be paid")
         };
         style.line(&format!(
-            "{}  order {id}: {what}, pay within {window} ({plan})",
-            clock()
+            "{}  order {id}: {}, pay within {window} ({plan})",
+            clock(),
+            what.join(" + ")
         ));
-        orders.push((id, pay_after, order));
+        orders.push(Placed { id, pay_after });
     }
+    Ok(orders)
+}
 
+/// What happened to the orders: those paid, and how each cancelled one was
+/// cancelled (the cause in its audit trail, and how late).
+#[derive(Default)]
+struct Ledger {
+    paid: Vec<String>,
+    cancels: Vec<(String, i64)>,
+}
+
+/// Pays the orders that are to be paid when their time comes, and reports each
+/// cancellation as it happens, until no order is pending.
+async fn watch(
+    style: &Style,
+    http: &reqwest::Client,
+    base: &str,
+    orders: &[Placed],
+) -> anyhow::Result<Ledger> {
     let placed = Instant::now();
-    let mut status: HashMap<String, String> = orders
-        .iter()
-        .map(|(id, _, _)| (id.clone(), "pending_payment".into()))
-        .collect();
-    let mut paid_sent: Vec<String> = Vec::new();
-    // How each cancelled order was cancelled: (cause in the audit trail, ms late).
-    let mut cancels: Vec<(String, i64)> = Vec::new();
-    loop {
+    let mut pending: Vec<&str> = orders.iter().map(|o| o.id.as_str()).collect();
+    let mut ledger = Ledger::default();
+    while !pending.is_empty() {
         anyhow::ensure!(
             placed.elapsed() < Duration::from_secs(40),
             "orders were not all settled within 40 s"
         );
-        for (id, pay_after, _) in &orders {
-            if let Some(after) = pay_after
-                && placed.elapsed() >= Duration::from_millis(*after)
-                && !paid_sent.contains(id)
-            {
-                paid_sent.push(id.clone());
-                let resp = http.post(format!("{base}/orders/{id}/pay")).send().await?;
-                anyhow::ensure!(
-                    resp.status().is_success(),
-                    "paying order {id} failed: {}",
-                    resp.status()
-                );
-                style.line(&format!(
-                    "{}  order {id} {}",
-                    clock(),
-                    style.paint("32", "paid: its stock is sold")
-                ));
-                status.insert(id.clone(), "paid".into());
+        for order in orders {
+            let due = order
+                .pay_after
+                .is_some_and(|after| placed.elapsed() >= Duration::from_millis(after));
+            if due && !ledger.paid.contains(&order.id) {
+                pay(style, http, base, &order.id).await?;
+                ledger.paid.push(order.id.clone());
+                pending.retain(|id| *id != order.id);
             }
         }
-        let mut pending = Vec::new();
-        for (id, _, _) in &orders {
-            if status[id] != "pending_payment" {
-                continue;
-            }
-            let order = get_json(&http, &format!("{base}/orders/{id}?include=audit")).await?;
+        let mut next_deadline = Vec::new();
+        for id in pending.clone() {
+            let order = get_json(http, &format!("{base}/orders/{id}?include=audit")).await?;
             if order["status"] == "cancelled" {
-                let lateness = late_ms(&order);
-                let by = order["audit"]
-                    .as_array()
-                    .and_then(|a| a.iter().find(|e| e["event"] == "cancelled"))
-                    .and_then(|e| e["cause"].as_str())
-                    .unwrap_or("?")
-                    .to_string();
-                let stock = back_on_sale(&http, base, &order).await?;
-                style.line(&format!(
-                    "{}  order {id} {} by {by}, {lateness} ms after its deadline; back on sale: {stock}",
-                    clock(),
-                    style.paint("31", "cancelled"),
-                ));
-                status.insert(id.clone(), "cancelled".into());
-                cancels.push((by, lateness));
+                ledger
+                    .cancels
+                    .push(cancelled(style, http, base, id, &order).await?);
+                pending.retain(|p| *p != id);
             } else {
                 let deadline =
                     Millis::parse_rfc3339(order["pay_deadline"].as_str().unwrap_or_default())
                         .map_err(anyhow::Error::msg)?;
-                pending.push(deadline.signed_since(Millis::now()).max(0));
+                next_deadline.push(deadline.signed_since(Millis::now()).max(0));
             }
         }
-        if pending.is_empty() {
-            break;
+        if let Some(next) = next_deadline.iter().min() {
+            style.progress(&format!(
+                "{} order(s) waiting for payment; next deadline in {:.1} s",
+                next_deadline.len(),
+                *next as f64 / 1000.0
+            ));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let next = pending.iter().min().copied().unwrap_or(0);
-        style.progress(&format!(
-            "{} order(s) waiting for payment; next deadline in {:.1} s",
-            pending.len(),
-            next as f64 / 1000.0
-        ));
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(ledger)
+}
 
+async fn pay(style: &Style, http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<()> {
+    let resp = http.post(format!("{base}/orders/{id}/pay")).send().await?;
+    anyhow::ensure!(
+        resp.status().is_success(),
+        "paying order {id} failed: {}",
+        resp.status()
+    );
+    style.line(&format!(
+        "{}  order {id} {}",
+        clock(),
+        style.paint("32", "paid: its stock is sold")
+    ));
+    Ok(())
+}
+
+/// Reports a cancelled order; returns who cancelled it and how late.
+async fn cancelled(
+    style: &Style,
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    order: &Value,
+) -> anyhow::Result<(String, i64)> {
+    let lateness = late_ms(order);
+    let by = order["audit"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["event"] == "cancelled"))
+        .and_then(|e| e["cause"].as_str())
+        .unwrap_or("?")
+        .to_string();
+    let stock = back_on_sale(http, base, order).await?;
+    style.line(&format!(
+        "{}  order {id} {} by {by}, {lateness} ms after its deadline; back on sale: {stock}",
+        clock(),
+        style.paint("31", "cancelled"),
+    ));
+    Ok((by, lateness))
+}
+
+/// The summary: what happened, by which path, and the stock ledger; an error
+/// if a timer did not cancel its order or the stock does not add up.
+async fn summary(
+    style: &Style,
+    http: &reqwest::Client,
+    base: &str,
+    orders: &[Placed],
+    ledger: &Ledger,
+) -> anyhow::Result<()> {
     style.line(&style.paint("1", "summary"));
     style.line(&format!(
         "  {} orders: {} paid, {} cancelled",
         orders.len(),
-        paid_sent.len(),
-        cancels.len()
+        ledger.paid.len(),
+        ledger.cancels.len()
     ));
-    let by_timer: Vec<i64> = cancels
+    let by_timer: Vec<i64> = ledger
+        .cancels
         .iter()
         .filter(|(by, _)| by == "timeout")
         .map(|(_, late)| *late)
@@ -334,7 +387,11 @@ async fn drive(style: &Style, base: &str, token: &str) -> anyhow::Result<()> {
             by_timer.len()
         ));
     }
-    let missed: Vec<&(String, i64)> = cancels.iter().filter(|(by, _)| by != "timeout").collect();
+    let missed: Vec<&(String, i64)> = ledger
+        .cancels
+        .iter()
+        .filter(|(by, _)| by != "timeout")
+        .collect();
     if let Some(worst) = missed.iter().map(|(_, late)| *late).max() {
         style.line(&style.paint(
             "31",
@@ -346,7 +403,7 @@ async fn drive(style: &Style, base: &str, token: &str) -> anyhow::Result<()> {
         ));
     }
     for (sku, stocked) in STOCK {
-        let s = get_json(&http, &format!("{base}/inventory/{sku}")).await?;
+        let s = get_json(http, &format!("{base}/inventory/{sku}")).await?;
         let (a, r, so) = (
             s["available"].as_i64().unwrap_or(-1),
             s["reserved"].as_i64().unwrap_or(-1),

@@ -43,107 +43,14 @@ pub async fn run(settings: &Settings) -> ExitCode {
     for (key, value, source) in settings.describe() {
         println!("  {key:<28} {value:<40} ({source})");
     }
-
     println!("database");
-    match db::connect(&settings.database).await {
-        Ok(conn) => {
-            report.ok(
-                "reachable",
-                format!(
-                    "{} ({})",
-                    settings.database.url.redacted(),
-                    db::backend_name(&conn)
-                ),
-            );
-            match db::migration_status(&conn).await {
-                Ok((applied, pending)) if pending.is_empty() => report.ok(
-                    "migrations",
-                    format!("{} applied, none pending", applied.len()),
-                ),
-                Ok((_, pending)) => report.fail(
-                    "migrations",
-                    format!(
-                        "{} pending ({}); run `order-timeout migrate`",
-                        pending.len(),
-                        pending.join(", ")
-                    ),
-                ),
-                Err(e) => report.fail("migrations", e),
-            }
-        }
-        Err(e) => report.fail(
-            "reachable",
-            format!("{}: {e}", settings.database.url.redacted()),
-        ),
-    }
-
+    check_database(&mut report, settings).await;
     println!("broker");
     let names = Names::new(&settings.amqp.prefix);
-    match amqp::connect(&settings.amqp, "doctor").await {
-        Err(e) => report.fail(
-            "reachable",
-            format!("{}: {e}", settings.amqp.url.redacted()),
-        ),
-        Ok(conn) => {
-            report.ok("reachable", settings.amqp.url.redacted());
-            let _ = conn.close(200, "doctor".into()).await;
-            // The probe gets its own connection: a missing exchange type closes it.
-            let plugin = match amqp::connect(&settings.amqp, "doctor-probe").await {
-                Ok(probe_conn) => {
-                    let found = probe_plugin(&probe_conn, &names).await;
-                    let _ = probe_conn.close(200, "probe".into()).await;
-                    found
-                }
-                Err(e) => Err(e),
-            };
-            let mode = match plugin {
-                Ok(true) => {
-                    report.ok("plugin", "x-delayed-message exchange type available");
-                    Some(Mode::Plugin)
-                }
-                Ok(false) => {
-                    report.note("plugin", "x-delayed-message not available (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)");
-                    Some(Mode::Ttl)
-                }
-                Err(e) => {
-                    report.fail("plugin", format!("probe failed: {e}"));
-                    None
-                }
-            };
-            let effective = match (settings.amqp.delay_mode, mode) {
-                (DelayMode::Ttl, _) => Some((Mode::Ttl, "amqp.delay_mode = ttl".to_string())),
-                (DelayMode::Plugin, Some(Mode::Plugin)) => {
-                    Some((Mode::Plugin, "amqp.delay_mode = plugin".into()))
-                }
-                (DelayMode::Plugin, _) => {
-                    report.fail(
-                        "delay mode",
-                        "amqp.delay_mode = plugin but the broker has no x-delayed-message type",
-                    );
-                    None
-                }
-                (DelayMode::Auto, Some(m)) => Some((
-                    m,
-                    format!(
-                        "auto chose {} (plugin {})",
-                        m.as_str(),
-                        if m == Mode::Plugin {
-                            "present"
-                        } else {
-                            "absent"
-                        }
-                    ),
-                )),
-                (DelayMode::Auto, None) => None,
-            };
-            if let Some((mode, why)) = effective {
-                report.ok("delay mode", format!("{} — {why}", mode.as_str()));
-                check_topology(&mut report, settings, &names, mode).await;
-                check_stages(&mut report, settings, &names, mode).await;
-            }
-        }
+    if let Some(mode) = check_broker(&mut report, settings, &names).await {
+        check_topology(&mut report, settings, &names, mode).await;
+        check_stages(&mut report, settings, &names, mode).await;
     }
-
     if report.problems == 0 {
         println!("all checks passed");
         ExitCode::SUCCESS
@@ -153,6 +60,82 @@ pub async fn run(settings: &Settings) -> ExitCode {
     }
 }
 
+/// The database answers, and no migration is pending.
+async fn check_database(report: &mut Report, settings: &Settings) {
+    let url = settings.database.url.redacted();
+    let conn = match db::connect(&settings.database).await {
+        Ok(conn) => conn,
+        Err(e) => return report.fail("reachable", format!("{url}: {e}")),
+    };
+    report.ok("reachable", format!("{url} ({})", db::backend_name(&conn)));
+    match db::migration_status(&conn).await {
+        Ok((applied, pending)) if pending.is_empty() => report.ok(
+            "migrations",
+            format!("{} applied, none pending", applied.len()),
+        ),
+        Ok((_, pending)) => report.fail(
+            "migrations",
+            format!(
+                "{} pending ({}); run `order-timeout migrate`",
+                pending.len(),
+                pending.join(", ")
+            ),
+        ),
+        Err(e) => report.fail("migrations", e),
+    }
+}
+
+/// The broker answers; whether it has the plugin; the delay mode that
+/// follows, chosen as `serve` chooses it ([`amqp::choose_mode`]).
+async fn check_broker(report: &mut Report, settings: &Settings, names: &Names) -> Option<Mode> {
+    match amqp::connect(&settings.amqp, "doctor").await {
+        Err(e) => {
+            report.fail(
+                "reachable",
+                format!("{}: {e}", settings.amqp.url.redacted()),
+            );
+            return None;
+        }
+        Ok(conn) => {
+            report.ok("reachable", settings.amqp.url.redacted());
+            let _ = conn.close(200, "doctor".into()).await;
+        }
+    }
+    // The probe gets its own connection: a missing exchange type closes it.
+    let plugin = match amqp::connect(&settings.amqp, "doctor-probe").await {
+        Ok(probe_conn) => {
+            let found = probe_plugin(&probe_conn, names).await;
+            let _ = probe_conn.close(200, "probe".into()).await;
+            found
+        }
+        Err(e) => Err(e),
+    };
+    let plugin = match plugin {
+        Ok(true) => {
+            report.ok("plugin", "x-delayed-message exchange type available");
+            true
+        }
+        Ok(false) => {
+            report.note("plugin", "x-delayed-message not available (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)");
+            false
+        }
+        Err(e) => {
+            report.fail("plugin", format!("probe failed: {e}"));
+            return None;
+        }
+    };
+    if settings.amqp.delay_mode == DelayMode::Plugin && !plugin {
+        report.fail(
+            "delay mode",
+            "amqp.delay_mode = plugin but the broker has no x-delayed-message type",
+        );
+        return None;
+    }
+    let (mode, why) = amqp::choose_mode(settings.amqp.delay_mode, plugin);
+    report.ok("delay mode", format!("{} — {why}", mode.as_str()));
+    Some(mode)
+}
+
 async fn check_topology(report: &mut Report, settings: &Settings, names: &Names, mode: Mode) {
     let conn = match amqp::connect(&settings.amqp, "doctor-topology").await {
         Ok(c) => c,
@@ -160,136 +143,174 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
     };
     let exchanges = topology::exchanges(names, mode);
     let queues = topology::queues(names, mode, settings.amqp.queue_type);
-    let mut missing = Vec::new();
-    let mut differing = Vec::new();
-    let mut earlier = Vec::new();
-    let mut backlog = Vec::new();
+    let mut found = Found::default();
     for x in &exchanges {
-        if !exists(&conn, &x.name, None).await {
-            missing.push(format!("exchange {}", x.name));
-        } else if let Err(e) = on_fresh_channel(&conn, |ch| async move {
-            topology::declare_exchange(&ch, x).await
-        })
-        .await
-        {
-            let as_before = match &x.earlier {
-                Some(args) => {
-                    let spec = topology::ExchangeSpec {
-                        arguments: args.clone(),
-                        ..x.clone()
-                    };
-                    on_fresh_channel(&conn, |ch| async move {
-                        topology::declare_exchange(&ch, &spec).await
-                    })
-                    .await
-                    .is_ok()
-                }
-                None => false,
-            };
-            if as_before {
-                earlier.push(format!("exchange {}", x.name));
-            } else {
-                differing.push(format!("exchange {} ({})", x.name, short(&e)));
-            }
+        let what = format!("exchange {}", x.name);
+        if exists(&conn, &x.name, None).await {
+            found.record(what, exchange_verdict(&conn, x).await);
+        } else {
+            found.missing.push(what);
         }
     }
     for q in &queues {
         let mut count = None;
         if !exists(&conn, &q.name, Some(&mut count)).await {
-            missing.push(format!("queue {}", q.name));
+            found.missing.push(format!("queue {}", q.name));
             continue;
         }
         if let Some(n) = count.filter(|n| *n > 0) {
-            backlog.push(format!("{}={n}", q.name));
+            found.backlog.push(format!("{}={n}", q.name));
         }
-        if let Err(e) = on_fresh_channel(&conn, |ch| async move {
-            topology::declare_queue(&ch, q).await.map(|_| ())
-        })
-        .await
-        {
-            let as_before = match &q.earlier {
-                Some(args) => {
-                    let spec = topology::QueueSpec {
-                        arguments: args.clone(),
-                        ..q.clone()
-                    };
-                    on_fresh_channel(&conn, |ch| async move {
-                        topology::declare_queue(&ch, &spec).await.map(|_| ())
-                    })
-                    .await
-                    .is_ok()
-                }
-                None => false,
-            };
-            if as_before {
-                earlier.push(format!("queue {}", q.name));
-            } else {
-                differing.push(format!("queue {} ({})", q.name, short(&e)));
-            }
-        }
+        found.record(format!("queue {}", q.name), queue_verdict(&conn, q).await);
     }
     let _ = conn.close(200, "doctor".into()).await;
-    if !earlier.is_empty() {
-        report.warn(
-            "topology",
-            format!(
-                "{} declared by an earlier version without an alternate or dead-letter exchange into {}: \
-                 a message that finds no queue there is dropped instead of parked. The service works as it is; \
-                 add them with the policies in the README (Upgrading from the previous version): {}",
-                earlier.len(),
-                names.parked(),
-                earlier.join(", ")
-            ),
-        );
+    found.report(report, names, exchanges.len(), queues.len());
+}
+
+/// The vhost compared with what this version declares.
+#[derive(Default)]
+struct Found {
+    /// Names that do not exist.
+    missing: Vec<String>,
+    /// Names declared with another type or other arguments, with the broker's words.
+    differing: Vec<String>,
+    /// Names declared as an earlier version declared them.
+    earlier: Vec<String>,
+    /// Queues holding messages, with their counts.
+    backlog: Vec<String>,
+}
+
+/// How one existing name compares.
+enum Verdict {
+    /// As this version declares it.
+    AsDeclared,
+    /// As an earlier version declared it (accepted, with a warning).
+    AsEarlier,
+    /// Otherwise: the broker's reason.
+    Differs(String),
+}
+
+impl Found {
+    fn record(&mut self, what: String, verdict: Verdict) {
+        match verdict {
+            Verdict::AsDeclared => {}
+            Verdict::AsEarlier => self.earlier.push(what),
+            Verdict::Differs(why) => self.differing.push(format!("{what} ({why})")),
+        }
     }
-    if missing.is_empty() && differing.is_empty() && earlier.is_empty() {
-        report.ok(
-            "topology",
-            format!(
-                "{} exchanges and {} queues declared, types and arguments as expected",
-                exchanges.len(),
-                queues.len()
-            ),
-        );
+
+    fn report(&self, report: &mut Report, names: &Names, exchanges: usize, queues: usize) {
+        if !self.earlier.is_empty() {
+            report.warn(
+                "topology",
+                format!(
+                    "{} declared by an earlier version without an alternate or dead-letter exchange into {}: \
+                     a message that finds no queue there is dropped instead of parked. The service works as it is; \
+                     add them with the policies in the README (Upgrading from the previous version): {}",
+                    self.earlier.len(),
+                    names.parked(),
+                    self.earlier.join(", ")
+                ),
+            );
+        }
+        if self.missing.is_empty() && self.differing.is_empty() && self.earlier.is_empty() {
+            report.ok(
+                "topology",
+                format!(
+                    "{exchanges} exchanges and {queues} queues declared, types and arguments as expected"
+                ),
+            );
+        }
+        if !self.missing.is_empty() {
+            report.fail(
+                "topology",
+                format!(
+                    "missing {} (start `order-timeout serve` once to declare them): {}",
+                    self.missing.len(),
+                    self.missing.join(", ")
+                ),
+            );
+        }
+        let entry = names.entry();
+        if self
+            .differing
+            .iter()
+            .any(|d| d.starts_with(&format!("exchange {entry} ")))
+        {
+            report.note(
+                "entry exchange",
+                format!(
+                    "{entry} must be a fanout in both modes (the router validates every message before it waits). \
+                     An older version made it x-delayed-message in plugin mode: delete {entry} (timers waiting in it \
+                     are lost; the sweeper catches their orders at deadline + sweeper.grace) and start the service, \
+                     which declares it again"
+                ),
+            );
+        }
+        if !self.differing.is_empty() {
+            report.fail(
+                "topology",
+                format!(
+                    "{} declared with another type or other arguments (another delay mode or queue type?): {}",
+                    self.differing.len(),
+                    self.differing.join(", ")
+                ),
+            );
+        }
+        if !self.backlog.is_empty() {
+            report.note("messages waiting", self.backlog.join(", "));
+        }
     }
-    if !missing.is_empty() {
-        report.fail(
-            "topology",
-            format!(
-                "missing {} (start `order-timeout serve` once to declare them): {}",
-                missing.len(),
-                missing.join(", ")
-            ),
-        );
+}
+
+async fn exchange_verdict(conn: &Connection, x: &topology::ExchangeSpec) -> Verdict {
+    let declared = on_fresh_channel(conn, |ch| async move {
+        topology::declare_exchange(&ch, x).await
+    })
+    .await;
+    let Err(e) = declared else {
+        return Verdict::AsDeclared;
+    };
+    if let Some(args) = &x.earlier {
+        let spec = topology::ExchangeSpec {
+            arguments: args.clone(),
+            ..x.clone()
+        };
+        let spec = &spec;
+        let as_before = on_fresh_channel(conn, |ch| async move {
+            topology::declare_exchange(&ch, spec).await
+        })
+        .await;
+        if as_before.is_ok() {
+            return Verdict::AsEarlier;
+        }
     }
-    if differing
-        .iter()
-        .any(|d| d.starts_with(&format!("exchange {} ", names.entry())))
-    {
-        report.note(
-            "entry exchange",
-            format!(
-                "{entry} must be a fanout in both modes (the router validates every message before it waits). \
-                 An older version made it x-delayed-message in plugin mode: delete {entry} (timers waiting in it \
-                 are lost; the sweeper catches their orders at deadline + sweeper.grace) and start the service, \
-                 which declares it again",
-                entry = names.entry()
-            ),
-        );
+    Verdict::Differs(short(&e))
+}
+
+async fn queue_verdict(conn: &Connection, q: &topology::QueueSpec) -> Verdict {
+    let declared = on_fresh_channel(conn, |ch| async move {
+        topology::declare_queue(&ch, q).await.map(|_| ())
+    })
+    .await;
+    let Err(e) = declared else {
+        return Verdict::AsDeclared;
+    };
+    if let Some(args) = &q.earlier {
+        let spec = topology::QueueSpec {
+            arguments: args.clone(),
+            ..q.clone()
+        };
+        let spec = &spec;
+        let as_before = on_fresh_channel(conn, |ch| async move {
+            topology::declare_queue(&ch, spec).await.map(|_| ())
+        })
+        .await;
+        if as_before.is_ok() {
+            return Verdict::AsEarlier;
+        }
     }
-    if !differing.is_empty() {
-        report.fail(
-            "topology",
-            format!(
-                "{} declared with another type or other arguments (another delay mode or queue type?): {}",
-                differing.len(),
-                differing.join(", ")
-            ),
-        );
-    }
-    if !backlog.is_empty() {
-        report.note("messages waiting", backlog.join(", "));
-    }
+    Verdict::Differs(short(&e))
 }
 
 /// Which delay stages exist in the vhost and how many timers each holds, and

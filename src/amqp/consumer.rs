@@ -283,57 +283,61 @@ impl KindConsumer {
         shutdown: &CancellationToken,
     ) -> Option<Decided> {
         let mut decided = Decided::default();
-        let mut parts = vec![ids];
+        // Parts still to decide, each with how often the database refused it
+        // alone. An order refused alone is tried again only once every other
+        // part is decided: the rest of the batch does not wait on it.
+        let mut parts = vec![(ids, 0u32)];
+        let mut suspects: Vec<(Vec<OrderId>, u32)> = Vec::new();
         let mut outage = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        while let Some(part) = parts.pop() {
-            let mut refusals = 0;
-            let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-            loop {
-                let now = Millis::now();
-                let error = match store::expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout)
-                    .await
-                {
+        let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        loop {
+            let (part, refusals) = match parts.pop() {
+                Some(next) => next,
+                None if !suspects.is_empty() => {
+                    if !pause(shutdown, retry.next_delay()).await {
+                        return None;
+                    }
+                    parts.append(&mut suspects);
+                    continue;
+                }
+                None => return Some(decided),
+            };
+            let now = Millis::now();
+            let error =
+                match store::expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout).await {
                     Ok(outcomes) => {
                         self.ctx.health.set_database(true);
                         decided.merge(outcomes, now);
-                        break;
+                        continue;
                     }
                     Err(e) => e,
                 };
-                if store::probe(&self.ctx.db, self.kind).await.is_err() {
-                    // The database is away or refuses every transition: keep the
-                    // deliveries unacked and take no new ones; the broker keeps
-                    // the rest, and nothing spins meanwhile.
-                    self.ctx.health.set_database(false);
-                    let delay = outage.next_delay();
-                    self.ctx
-                        .events
-                        .paused(self.kind.as_str(), &error.to_string(), delay);
-                    if !pause(shutdown, delay).await {
-                        return None;
-                    }
-                    continue;
-                }
-                refusals += 1;
-                if part.len() > 1 {
-                    self.ctx
-                        .events
-                        .batch_split(self.kind, part.len(), &error.to_string());
-                    let (left, right) = part.split_at(part.len() / 2);
-                    parts.push(right.to_vec());
-                    parts.push(left.to_vec());
-                    break;
-                }
-                if refusals >= ISOLATED_ATTEMPTS {
-                    decided.refused.insert(part[0], error.to_string());
-                    break;
-                }
-                if !pause(shutdown, retry.next_delay()).await {
+            if store::probe(&self.ctx.db, self.kind).await.is_err() {
+                // The database is away or refuses every transition: keep the
+                // deliveries unacked and take no new ones; the broker keeps
+                // the rest, and nothing spins meanwhile.
+                self.ctx.health.set_database(false);
+                let delay = outage.next_delay();
+                self.ctx
+                    .events
+                    .paused(self.kind.as_str(), &error.to_string(), delay);
+                if !pause(shutdown, delay).await {
                     return None;
                 }
+                parts.push((part, refusals));
+            } else if part.len() > 1 {
+                self.ctx
+                    .events
+                    .batch_split(self.kind, part.len(), &error.to_string());
+                let (left, right) = part.split_at(part.len() / 2);
+                parts.push((right.to_vec(), 0));
+                parts.push((left.to_vec(), 0));
+            } else if refusals + 1 >= ISOLATED_ATTEMPTS {
+                decided.refused.insert(part[0], error.to_string());
+            } else {
+                suspects.push((part, refusals + 1));
             }
         }
-        Some(decided)
     }
 
     async fn settle(

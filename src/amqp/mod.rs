@@ -76,32 +76,43 @@ pub fn connection_name(settings: &AmqpSettings, role: &str) -> String {
     format!("order-timeout {} {role}", settings.instance)
 }
 
-/// Resolves `amqp.delay_mode`: `auto` probes on a throwaway connection.
+/// Resolves `amqp.delay_mode`: `plugin` and `ttl` as configured; `auto`
+/// probes the broker on a connection of its own.
 pub async fn resolve_mode(
     settings: &AmqpSettings,
     names: &Names,
 ) -> Result<(Mode, String), lapin::Error> {
-    match settings.delay_mode {
-        DelayMode::Plugin => Ok((Mode::Plugin, "amqp.delay_mode = plugin".into())),
-        DelayMode::Ttl => Ok((Mode::Ttl, "amqp.delay_mode = ttl".into())),
+    let plugin = match settings.delay_mode {
         DelayMode::Auto => {
             let conn = connect(settings, "probe").await?;
             let found = topology::probe_plugin(&conn, names).await;
             // The probe may already have closed the connection; either way it goes.
             let _ = conn.close(200, "probe done".into()).await;
-            if found? {
-                Ok((
-                    Mode::Plugin,
-                    "auto: the broker offers the x-delayed-message exchange type".into(),
-                ))
-            } else {
-                Ok((
-                    Mode::Ttl,
-                    "auto: the broker has no x-delayed-message exchange type (plugin not enabled)"
-                        .into(),
-                ))
-            }
+            found?
         }
+        // Not probed: declaring the plugin's exchange fails loudly without it.
+        DelayMode::Plugin => true,
+        DelayMode::Ttl => false,
+    };
+    Ok(choose_mode(settings.delay_mode, plugin))
+}
+
+/// The one decision of the delay mode: what `configured` means on a broker
+/// that has the plugin or not, with the reason in words. (`plugin` configured
+/// on a broker without it stays `plugin`: the declaration then fails, and
+/// `doctor` says why.)
+pub fn choose_mode(configured: DelayMode, plugin: bool) -> (Mode, String) {
+    match (configured, plugin) {
+        (DelayMode::Ttl, _) => (Mode::Ttl, "amqp.delay_mode = ttl".into()),
+        (DelayMode::Plugin, _) => (Mode::Plugin, "amqp.delay_mode = plugin".into()),
+        (DelayMode::Auto, true) => (
+            Mode::Plugin,
+            "auto: the broker offers the x-delayed-message exchange type".into(),
+        ),
+        (DelayMode::Auto, false) => (
+            Mode::Ttl,
+            "auto: the broker has no x-delayed-message exchange type (plugin not enabled)".into(),
+        ),
     }
 }
 
