@@ -1,5 +1,7 @@
 //! The client's actions on an order: pay, ship, confirm, cancel.
 
+use sea_orm::UpdateMany;
+
 use super::*;
 
 /// Applies a client's action to an order, with its side effects, in one
@@ -18,9 +20,24 @@ pub async fn act(
     windows: &Windows,
     now: Millis,
 ) -> Result<OrderView, TransitionError> {
-    let (from, to) = action.edge();
     let txn = db.begin().await?;
-    let mut update = orders::Entity::update_many()
+    let (update, timeout) = conditional_update(id, action, windows, now);
+    if update.exec(&txn).await?.rows_affected == 1 {
+        return applied(txn, id, action, timeout, now).await;
+    }
+    refused(txn, id, action, now).await
+}
+
+/// The action's conditional update (from the one status the diagram allows,
+/// and for a payment, inside the window) and the timeout it starts, if any.
+fn conditional_update(
+    id: OrderId,
+    action: Action,
+    windows: &Windows,
+    now: Millis,
+) -> (UpdateMany<orders::Entity>, Option<(TimeoutKind, Millis)>) {
+    let (from, to) = action.edge();
+    let update = orders::Entity::update_many()
         .col_expr(orders::Column::Status, Expr::value(to.as_str()))
         .col_expr(
             orders::Column::Version,
@@ -29,113 +46,101 @@ pub async fn act(
         .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
         .filter(orders::Column::Id.eq(id.get()))
         .filter(orders::Column::Status.eq(from.as_str()));
-    let mut timeout = None;
-    update = match action {
+    match action {
         Action::Pay => {
             let deadline = now.plus(windows.fulfillment);
-            timeout = Some((TimeoutKind::Fulfillment, deadline));
-            update
+            let update = update
                 .col_expr(orders::Column::PaidAtMs, Expr::value(now.0))
                 .col_expr(orders::Column::ShipDeadlineMs, Expr::value(deadline.0))
-                .filter(orders::Column::PayDeadlineMs.gt(now.0))
+                .filter(orders::Column::PayDeadlineMs.gt(now.0));
+            (update, Some((TimeoutKind::Fulfillment, deadline)))
         }
         Action::Ship => {
             let deadline = now.plus(windows.receipt);
-            timeout = Some((TimeoutKind::Receipt, deadline));
-            update
+            let update = update
                 .col_expr(orders::Column::ShippedAtMs, Expr::value(now.0))
-                .col_expr(orders::Column::ConfirmDeadlineMs, Expr::value(deadline.0))
+                .col_expr(orders::Column::ConfirmDeadlineMs, Expr::value(deadline.0));
+            (update, Some((TimeoutKind::Receipt, deadline)))
         }
-        Action::Confirm => update.col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
-        Action::Cancel => update.col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
-    };
-    if update.exec(&txn).await?.rows_affected == 1 {
-        match action {
-            Action::Pay => move_stock(&txn, &[id], Stock::Reserved, Stock::Sold, now).await?,
-            Action::Cancel => {
-                move_stock(&txn, &[id], Stock::Reserved, Stock::Available, now).await?
-            }
-            Action::Ship | Action::Confirm => {}
-        }
-        if let Some((kind, deadline)) = timeout {
-            enqueue(&txn, id, kind, deadline, now).await?;
-        }
-        record(
-            &txn,
-            &[id],
-            to.as_str(),
-            Some(from),
-            to,
-            Cause::Api,
-            now,
+        Action::Confirm => (
+            update.col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
             None,
-        )
-        .await?;
-        let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
-        txn.commit().await?;
-        return Ok(order);
+        ),
+        Action::Cancel => (
+            update.col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
+            None,
+        ),
     }
-    if action == Action::Pay {
-        // The window may have closed with no message yet: apply the timeout now.
-        // It is conditional too, so a consumer doing the same at once is harmless.
-        apply_expiry(&txn, TimeoutKind::Payment, &[id], now, Cause::Timeout).await?;
+}
+
+/// The action won: its stock move, its timeout in the outbox, its audit row.
+async fn applied(
+    txn: DatabaseTransaction,
+    id: OrderId,
+    action: Action,
+    timeout: Option<(TimeoutKind, Millis)>,
+    now: Millis,
+) -> Result<OrderView, TransitionError> {
+    let (from, to) = action.edge();
+    match action {
+        Action::Pay => move_stock(&txn, &[id], Stock::Reserved, Stock::Sold, now).await?,
+        Action::Cancel => move_stock(&txn, &[id], Stock::Reserved, Stock::Available, now).await?,
+        Action::Ship | Action::Confirm => {}
     }
-    // A late payment is recorded once per order, and only for an order that a
-    // timeout (its message or the sweeper) cancelled: a retry, or a payment for
-    // an order the buyer cancelled, is a plain conflict. One conditional UPDATE;
-    // its row count says whether this payment is the order's late payment.
-    let late_payment = action == Action::Pay
-        && orders::Entity::update_many()
-            .col_expr(orders::Column::LatePaymentAtMs, Expr::value(now.0))
-            .filter(orders::Column::Id.eq(id.get()))
-            .filter(orders::Column::Status.eq(OrderStatus::Cancelled.as_str()))
-            .filter(orders::Column::LatePaymentAtMs.is_null())
-            .filter(
-                orders::Column::Id.in_subquery(
-                    sea_orm::sea_query::Query::select()
-                        .column(order_events::Column::OrderId)
-                        .from(order_events::Entity)
-                        .and_where(order_events::Column::OrderId.eq(id.get()))
-                        .and_where(order_events::Column::Event.eq(OrderStatus::Cancelled.as_str()))
-                        .and_where(order_events::Column::Cause.ne(Cause::Api.as_str()))
-                        .to_owned(),
-                ),
-            )
-            .exec(&txn)
-            .await?
-            .rows_affected
-            == 1;
+    if let Some((kind, deadline)) = timeout {
+        enqueue(&txn, id, kind, deadline, now).await?;
+    }
+    let event = to.as_str();
+    record(&txn, &[id], event, Some(from), to, Cause::Api, now, None).await?;
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
+    txn.commit().await?;
+    Ok(order)
+}
+
+/// The action lost: a conflict carrying the order as it is. A payment past
+/// its window first applies the payment timeout (no message may have yet; it
+/// is conditional, so a consumer doing the same at once is harmless), and is
+/// recorded as the order's late payment when it is the first for an order a
+/// timeout cancelled.
+async fn refused(
+    txn: DatabaseTransaction,
+    id: OrderId,
+    action: Action,
+    now: Millis,
+) -> Result<OrderView, TransitionError> {
+    let (from, to) = action.edge();
+    let late_payment = if action == Action::Pay {
+        apply_expiry(&txn, TimeoutKind::Payment, &[id], now, Cause::Timeout).await?;
+        first_late_payment(&txn, id, now).await?
+    } else {
+        false
+    };
+    let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
+    let closed = order.pay_deadline.to_rfc3339();
     let reason = if late_payment {
+        let cancelled = order.cancelled_at.unwrap_or(order.pay_deadline);
         let detail = format!(
             "payment at {} for an order cancelled at {}; refund it",
             now.to_rfc3339(),
-            order
-                .cancelled_at
-                .unwrap_or(order.pay_deadline)
-                .to_rfc3339()
+            cancelled.to_rfc3339()
         );
         let status = OrderStatus::Cancelled;
-        let late = Some(detail.as_str());
+        let event = "late_payment";
         record(
             &txn,
             &[id],
-            "late_payment",
+            event,
             Some(status),
             status,
             Cause::Api,
             now,
-            late,
+            Some(&detail),
         )
         .await?;
-        format!(
-            "the payment window closed at {}; a refund is due if money was taken",
-            order.pay_deadline.to_rfc3339()
-        )
+        format!("the payment window closed at {closed}; a refund is due if money was taken")
     } else if let (Action::Pay, Some(first)) = (action, order.late_payment_at) {
         format!(
-            "the payment window closed at {}; a late payment was already recorded at {}",
-            order.pay_deadline.to_rfc3339(),
+            "the payment window closed at {closed}; a late payment was already recorded at {}",
             first.to_rfc3339()
         )
     } else {
@@ -147,4 +152,31 @@ pub async fn act(
         reason,
         late_payment,
     })
+}
+
+/// Records a late payment once per order, and only for an order that a
+/// timeout (its message or the sweeper) cancelled: a retry, or a payment for
+/// an order the buyer cancelled, is a plain conflict. One conditional UPDATE;
+/// its row count says whether this payment is the order's late payment.
+async fn first_late_payment(
+    txn: &DatabaseTransaction,
+    id: OrderId,
+    now: Millis,
+) -> Result<bool, DbErr> {
+    let cancelled_by_a_timeout = sea_orm::sea_query::Query::select()
+        .column(order_events::Column::OrderId)
+        .from(order_events::Entity)
+        .and_where(order_events::Column::OrderId.eq(id.get()))
+        .and_where(order_events::Column::Event.eq(OrderStatus::Cancelled.as_str()))
+        .and_where(order_events::Column::Cause.ne(Cause::Api.as_str()))
+        .to_owned();
+    let result = orders::Entity::update_many()
+        .col_expr(orders::Column::LatePaymentAtMs, Expr::value(now.0))
+        .filter(orders::Column::Id.eq(id.get()))
+        .filter(orders::Column::Status.eq(OrderStatus::Cancelled.as_str()))
+        .filter(orders::Column::LatePaymentAtMs.is_null())
+        .filter(orders::Column::Id.in_subquery(cancelled_by_a_timeout))
+        .exec(txn)
+        .await?;
+    Ok(result.rows_affected == 1)
 }

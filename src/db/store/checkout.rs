@@ -27,13 +27,31 @@ pub async fn checkout(
         txn.rollback().await?;
         return Err(key_used(db, key).await?);
     }
+    if let Err(short) = reserve(&txn, &items, now).await? {
+        txn.rollback().await?;
+        return Err(short);
+    }
+    let created = create_order(&txn, items, now.plus(window), now).await?;
+    if let Some(key) = key {
+        settle_key(&txn, key, &created).await?;
+    }
+    txn.commit().await?;
+    Ok(created)
+}
+
+/// Reserves every line, or says which line is short (the caller rolls back).
+async fn reserve(
+    txn: &DatabaseTransaction,
+    items: &[NewItem],
+    now: Millis,
+) -> Result<Result<(), CheckoutError>, DbErr> {
     // The rows are locked first, in the database's order, as every stock move
     // locks them: a checkout and a batch releasing the same SKUs cannot deadlock.
     if items.len() > 1 {
         let skus: Vec<&str> = items.iter().map(|i| i.sku.as_str()).collect();
-        lock_stock(&txn, &skus).await?;
+        lock_stock(txn, &skus).await?;
     }
-    for item in &items {
+    for item in items {
         let reserved = inventory::Entity::update_many()
             .col_expr(
                 inventory::Column::Available,
@@ -46,23 +64,31 @@ pub async fn checkout(
             .col_expr(inventory::Column::UpdatedAtMs, Expr::value(now.0))
             .filter(inventory::Column::Sku.eq(item.sku.as_str()))
             .filter(inventory::Column::Available.gte(item.quantity))
-            .exec(&txn)
+            .exec(txn)
             .await?;
         if reserved.rows_affected == 0 {
             // The update said no; this read only words the answer.
-            let error = match get_stock(&txn, &item.sku).await? {
+            return Ok(Err(match get_stock(txn, &item.sku).await? {
                 None => CheckoutError::UnknownSku(item.sku.clone()),
                 Some(stock) => CheckoutError::InsufficientStock {
                     sku: item.sku.clone(),
                     requested: item.quantity,
                     available: stock.available,
                 },
-            };
-            txn.rollback().await?;
-            return Err(error);
+            }));
         }
     }
-    let deadline = now.plus(window);
+    Ok(Ok(()))
+}
+
+/// Writes the order `pending_payment`, its items, the outbox row of its
+/// payment timeout and its first audit row.
+async fn create_order(
+    txn: &DatabaseTransaction,
+    items: Vec<NewItem>,
+    deadline: Millis,
+    now: Millis,
+) -> Result<OrderView, DbErr> {
     let order = orders::ActiveModel {
         status: Set(OrderStatus::PendingPayment.as_str().to_string()),
         pay_deadline_ms: Set(deadline.0),
@@ -79,43 +105,27 @@ pub async fn checkout(
         updated_at_ms: Set(now.0),
         ..Default::default()
     }
-    .insert(&txn)
+    .insert(txn)
     .await?;
     order_items::Entity::insert_many(items.iter().map(|i| order_items::ActiveModel {
         order_id: Set(order.id),
         sku: Set(i.sku.clone()),
         quantity: Set(i.quantity),
     }))
-    .exec_without_returning(&txn)
+    .exec_without_returning(txn)
     .await?;
     let id = OrderId::new(order.id);
-    enqueue(&txn, id, TimeoutKind::Payment, deadline, now).await?;
-    record(
-        &txn,
-        &[id],
-        "created",
-        None,
-        OrderStatus::PendingPayment,
-        Cause::Api,
-        now,
-        None,
-    )
-    .await?;
-    let created = view(
-        order,
-        items
-            .into_iter()
-            .map(|i| ItemView {
-                sku: i.sku,
-                quantity: i.quantity,
-            })
-            .collect(),
-    );
-    if let Some(key) = key {
-        settle_key(&txn, key, &created).await?;
-    }
-    txn.commit().await?;
-    Ok(created)
+    enqueue(txn, id, TimeoutKind::Payment, deadline, now).await?;
+    let pending = OrderStatus::PendingPayment;
+    record(txn, &[id], "created", None, pending, Cause::Api, now, None).await?;
+    let items = items
+        .into_iter()
+        .map(|i| ItemView {
+            sku: i.sku,
+            quantity: i.quantity,
+        })
+        .collect();
+    Ok(view(order, items))
 }
 
 /// Claims an idempotency key: the first statement of the checkout, so that a

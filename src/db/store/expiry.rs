@@ -1,6 +1,8 @@
 //! Timeouts: the conditional transition of each kind, in batches, for the
 //! consumers and the sweeper, and the sweeper's query for overdue orders.
 
+use sea_orm::UpdateMany;
+
 use super::*;
 
 /// Applies the timeout of `kind` to each order whose deadline has passed by
@@ -77,42 +79,7 @@ pub(super) async fn apply_expiry(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let deadline = deadline_column(kind);
-    let mut update = orders::Entity::update_many()
-        .col_expr(
-            orders::Column::Version,
-            Expr::col(orders::Column::Version).add(1),
-        )
-        .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
-        .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
-        .filter(deadline.lte(now.0));
-    let (event, to) = match kind {
-        TimeoutKind::Payment => {
-            update = update
-                .col_expr(
-                    orders::Column::Status,
-                    Expr::value(OrderStatus::Cancelled.as_str()),
-                )
-                .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0));
-            ("cancelled", OrderStatus::Cancelled)
-        }
-        TimeoutKind::Fulfillment => {
-            // Flagged, not cancelled: the goods are paid for; people must act.
-            update = update
-                .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
-                .filter(orders::Column::FulfillmentOverdueAtMs.is_null());
-            ("fulfillment_overdue", OrderStatus::Paid)
-        }
-        TimeoutKind::Receipt => {
-            update = update
-                .col_expr(
-                    orders::Column::Status,
-                    Expr::value(OrderStatus::Completed.as_str()),
-                )
-                .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0));
-            ("completed", OrderStatus::Completed)
-        }
-    };
+    let (update, event, to) = expiry_update(kind, now);
     // Ascending and without repeats: every batch locks its orders in one order.
     let unique: Vec<i64> = ids
         .iter()
@@ -123,50 +90,100 @@ pub(super) async fn apply_expiry(
     let mut applied = Vec::new();
     for chunk in unique.chunks(LIST_CHUNK) {
         lock_orders(txn, chunk).await?;
-        if txn.support_returning() {
-            let changed = update
-                .clone()
-                .filter(orders::Column::Id.is_in(chunk.iter().copied()))
-                .exec_with_returning(txn)
-                .await?;
-            for order in changed {
-                if let Some(d) = deadline_of(kind, &order) {
-                    applied.push((OrderId::new(order.id), d));
-                }
-            }
-        } else {
-            // MariaDB/MySQL have no UPDATE … RETURNING: one conditional update per
-            // id, in id order, each still deciding by its own row count.
-            for &id in chunk {
-                let result = update
-                    .clone()
-                    .filter(orders::Column::Id.eq(id))
-                    .exec(txn)
-                    .await?;
-                if result.rows_affected == 1
-                    && let Some(order) = orders::Entity::find_by_id(id).one(txn).await?
-                    && let Some(d) = deadline_of(kind, &order)
-                {
-                    applied.push((OrderId::new(id), d));
-                }
-            }
-        }
+        applied.extend(apply_chunk(txn, &update, kind, chunk).await?);
     }
     let changed: Vec<OrderId> = applied.iter().map(|(id, _)| *id).collect();
     if kind == TimeoutKind::Payment {
         move_stock(txn, &changed, Stock::Reserved, Stock::Available, now).await?;
     }
-    record(
-        txn,
-        &changed,
-        event,
-        Some(kind.acts_on()),
-        to,
-        cause,
-        now,
-        None,
-    )
-    .await?;
+    let from = Some(kind.acts_on());
+    record(txn, &changed, event, from, to, cause, now, None).await?;
+    Ok(applied)
+}
+
+/// The conditional update of a timeout of `kind` (from the status it acts on,
+/// deadline passed), with its audit event and the status it leads to.
+fn expiry_update(
+    kind: TimeoutKind,
+    now: Millis,
+) -> (UpdateMany<orders::Entity>, &'static str, OrderStatus) {
+    let update = orders::Entity::update_many()
+        .col_expr(
+            orders::Column::Version,
+            Expr::col(orders::Column::Version).add(1),
+        )
+        .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
+        .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
+        .filter(deadline_column(kind).lte(now.0));
+    match kind {
+        TimeoutKind::Payment => (
+            update
+                .col_expr(
+                    orders::Column::Status,
+                    Expr::value(OrderStatus::Cancelled.as_str()),
+                )
+                .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
+            "cancelled",
+            OrderStatus::Cancelled,
+        ),
+        // Flagged, not cancelled: the goods are paid for; people must act.
+        TimeoutKind::Fulfillment => (
+            update
+                .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
+                .filter(orders::Column::FulfillmentOverdueAtMs.is_null()),
+            "fulfillment_overdue",
+            OrderStatus::Paid,
+        ),
+        TimeoutKind::Receipt => (
+            update
+                .col_expr(
+                    orders::Column::Status,
+                    Expr::value(OrderStatus::Completed.as_str()),
+                )
+                .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
+            "completed",
+            OrderStatus::Completed,
+        ),
+    }
+}
+
+/// Runs the update on one chunk of ids (locked, ascending); returns the ids it
+/// changed with their deadlines.
+async fn apply_chunk(
+    txn: &DatabaseTransaction,
+    update: &UpdateMany<orders::Entity>,
+    kind: TimeoutKind,
+    chunk: &[i64],
+) -> Result<Vec<(OrderId, Millis)>, DbErr> {
+    let mut applied = Vec::new();
+    if txn.support_returning() {
+        let changed = update
+            .clone()
+            .filter(orders::Column::Id.is_in(chunk.iter().copied()))
+            .exec_with_returning(txn)
+            .await?;
+        for order in changed {
+            if let Some(d) = deadline_of(kind, &order) {
+                applied.push((OrderId::new(order.id), d));
+            }
+        }
+        return Ok(applied);
+    }
+    // MariaDB/MySQL have no UPDATE … RETURNING: one conditional update per id,
+    // in id order, each still deciding by its own row count.
+    for &id in chunk {
+        let result = update
+            .clone()
+            .filter(orders::Column::Id.eq(id))
+            .exec(txn)
+            .await?;
+        if result.rows_affected == 1
+            && let Some(order) = orders::Entity::find_by_id(id).one(txn).await?
+            && let Some(d) = deadline_of(kind, &order)
+        {
+            applied.push((OrderId::new(id), d));
+        }
+    }
     Ok(applied)
 }
 
