@@ -330,28 +330,10 @@ async fn check_stages(report: &mut Report, settings: &Settings, names: &Names, m
     }
     let plugin_exists = exists(&conn, &names.delay(), None).await;
     let _ = conn.close(200, "doctor".into()).await;
-
-    // Plugin stage: the plugin keeps its timers in no queue; only the
-    // management API reports how many.
-    let plugin = match (&settings.amqp.management, plugin_exists) {
-        (_, false) => None,
-        (None, true) => {
-            report.note(
-                "plugin stage",
-                format!(
-                    "{} exists; its timers cannot be counted with amqp.management_url = off",
-                    names.delay()
-                ),
-            );
-            Some(None)
-        }
-        (Some(api), true) => match Management::new(api.clone()).delayed(&names.delay()).await {
-            Ok(n) => Some(n),
-            Err(e) => {
-                report.note("plugin stage", format!("{} exists; {e}", names.delay()));
-                Some(None)
-            }
-        },
+    let plugin = if plugin_exists {
+        Some(plugin_timers(report, settings, names).await)
+    } else {
+        None
     };
     let count = |n: Option<u64>| n.map_or("an unknown number of".to_string(), |n| n.to_string());
     match ttl {
@@ -377,6 +359,41 @@ async fn check_stages(report: &mut Report, settings: &Settings, names: &Names, m
         ),
         None => report.ok("plugin stage", "not declared in this vhost"),
     }
+    warn_about_stages(report, settings, names, mode, ttl, plugin);
+}
+
+/// The timers in the plugin's stage, which keeps them in no queue: only the
+/// management API reports how many (`None` when it cannot be asked).
+async fn plugin_timers(report: &mut Report, settings: &Settings, names: &Names) -> Option<u64> {
+    let Some(api) = &settings.amqp.management else {
+        report.note(
+            "plugin stage",
+            format!(
+                "{} exists; its timers cannot be counted with amqp.management_url = off",
+                names.delay()
+            ),
+        );
+        return None;
+    };
+    match Management::new(api.clone()).delayed(&names.delay()).await {
+        Ok(n) => n,
+        Err(e) => {
+            report.note("plugin stage", format!("{} exists; {e}", names.delay()));
+            None
+        }
+    }
+}
+
+/// What the timers waiting in each stage mean for the plugin and a mode switch.
+fn warn_about_stages(
+    report: &mut Report,
+    settings: &Settings,
+    names: &Names,
+    mode: Mode,
+    ttl: Option<u64>,
+    plugin: Option<Option<u64>>,
+) {
+    let count = |n: Option<u64>| n.map_or("an unknown number of".to_string(), |n| n.to_string());
     let sweeper = if settings.sweeper.enabled {
         format!(
             "the sweeper catches their orders at deadline + sweeper.grace ({})",

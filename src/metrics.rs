@@ -11,7 +11,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::amqp::wire::Park;
 use crate::db::store::{Action, OutboxState};
@@ -67,6 +67,13 @@ pub struct Events {
     database_unready: AtomicBool,
 }
 
+/// Registers `metric` under `name` and returns it: a metric is a handle, so
+/// the one kept here and the one in the registry count together.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 fn new_lateness_histogram() -> Histogram {
     Histogram::new(LATENESS_BUCKETS)
 }
@@ -75,185 +82,163 @@ impl Events {
     /// A fresh registry (one per application, so tests do not share counters).
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("order_timeout");
-        let timeouts = Family::<Labels2, Counter>::default();
-        registry.register(
-            "timeouts_handled",
-            "Timeout messages handled, by kind and outcome (applied, not_applicable, not_yet_due, parked)",
-            timeouts.clone(),
-        );
-        let lateness = Family::<Labels1, Histogram, fn() -> Histogram>::new_with_constructor(
-            new_lateness_histogram,
-        );
-        registry.register(
-            "lateness_seconds",
-            "Time from an order's deadline to the committed transition, by kind",
-            lateness.clone(),
-        );
-        let deliveries = Family::<Labels1, Counter>::default();
-        registry.register(
-            "deliveries",
-            "Deliveries received, by queue role",
-            deliveries.clone(),
-        );
-        let redeliveries = Family::<Labels1, Counter>::default();
-        registry.register(
-            "redeliveries",
-            "Deliveries flagged redelivered by the broker, by queue role",
-            redeliveries.clone(),
-        );
-        let parked = Family::<Labels2, Counter>::default();
-        registry.register(
-            "parked_messages",
-            "Messages parked, by reason and component",
-            parked.clone(),
-        );
-        let sweeper_catches = Family::<Labels1, Counter>::default();
-        registry.register(
-            "sweeper_catches",
-            "Orders the sweeper handled because no message did (a lost or late timer), by kind",
-            sweeper_catches.clone(),
-        );
-        let orders_created = Counter::default();
-        registry.register(
-            "orders_created",
-            "Orders created at checkout",
-            orders_created.clone(),
-        );
-        let checkouts_rejected = Family::<Labels1, Counter>::default();
-        registry.register(
-            "checkouts_rejected",
-            "Checkouts refused, by reason",
-            checkouts_rejected.clone(),
-        );
-        let checkouts_replayed = Counter::default();
-        registry.register(
-            "checkouts_replayed",
-            "Checkouts answered with the order an earlier request with the same Idempotency-Key created",
-            checkouts_replayed.clone(),
-        );
-        let http_refused = Family::<Labels1, Counter>::default();
-        registry.register(
-            "http_requests_refused",
-            "HTTP requests answered 503 by the server's limits, by reason (overloaded, timeout)",
-            http_refused.clone(),
-        );
-        // Both series exist from the start, so a rate over them is never empty.
-        for reason in ["overloaded", "timeout"] {
-            let _ = http_refused.get_or_create(&[("reason", reason)]);
-        }
-        let actions = Family::<Labels2, Counter>::default();
-        registry.register(
-            "order_actions",
-            "Client actions (pay, ship, confirm, cancel), by outcome (done, refused)",
-            actions.clone(),
-        );
-        let late_payments = Counter::default();
-        registry.register(
-            "late_payments",
-            "Payments for orders already cancelled or past their window (a refund may be due)",
-            late_payments.clone(),
-        );
-        let outbox_published = Counter::default();
-        registry.register(
-            "outbox_published",
-            "Outbox rows published and confirmed by the broker",
-            outbox_published.clone(),
-        );
-        let outbox_publish_failures = Counter::default();
-        registry.register(
-            "outbox_publish_failures",
-            "Outbox publishes not confirmed (retried)",
-            outbox_publish_failures.clone(),
-        );
-        let outbox_backlog = Gauge::default();
-        registry.register(
-            "outbox_backlog",
-            "Outbox rows waiting to be published",
-            outbox_backlog.clone(),
-        );
-        let outbox_oldest_age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "outbox_oldest_age_seconds",
-            "Age of the oldest unpublished outbox row",
-            outbox_oldest_age.clone(),
-        );
-        let outbox_set_aside = Gauge::default();
-        registry.register(
-            "outbox_set_aside",
-            "Outbox rows set aside for an operator (refused by the broker too often, or unpublishable); the sweeper still keeps their deadlines",
-            outbox_set_aside.clone(),
-        );
-        let consumer_pauses = Family::<Labels1, Counter>::default();
-        registry.register(
-            "consumer_pauses",
-            "Times a component paused because the database failed, by role",
-            consumer_pauses.clone(),
-        );
-        let broker_connects = Family::<Labels1, Counter>::default();
-        registry.register(
-            "broker_connects",
-            "Broker connections established, by role",
-            broker_connects.clone(),
-        );
-        let broker_disconnects = Family::<Labels1, Counter>::default();
-        registry.register(
-            "broker_disconnects",
-            "Broker connections lost, by role",
-            broker_disconnects.clone(),
-        );
-        let held = Gauge::default();
-        registry.register(
-            "held_messages",
-            "Early messages held in memory until their deadline",
-            held.clone(),
-        );
-        let redelayed = Family::<Labels1, Counter>::default();
-        registry.register(
-            "redelayed_messages",
-            "Early messages sent back to wait, by kind",
-            redelayed.clone(),
-        );
-        let waiting_timers = Family::<Labels1, Gauge>::default();
-        registry.register(
-            "waiting_timers",
-            "Timers waiting in each delay stage that exists in the vhost (ttl: the level queues; plugin: the delayed-message exchange), read from the broker's management API every 5 s; absent while it cannot be read",
-            waiting_timers.clone(),
-        );
-        let auth_refused = Family::<Labels1, Counter>::default();
-        registry.register(
-            "http_auth_refused",
-            "HTTP requests refused before any handler ran, by reason (missing_token, invalid_token, insufficient_scope)",
-            auth_refused.clone(),
-        );
-        Arc::new(Self {
+        // A table: one registration per metric, in the order /metrics lists them.
+        let events = Self {
+            timeouts: registered(
+                &mut registry,
+                "timeouts_handled",
+                "Timeout messages handled, by kind and outcome (applied, not_applicable, not_yet_due, parked)",
+                Family::<Labels2, Counter>::default(),
+            ),
+            lateness: registered(
+                &mut registry,
+                "lateness_seconds",
+                "Time from an order's deadline to the committed transition, by kind",
+                Family::<Labels1, Histogram, fn() -> Histogram>::new_with_constructor(
+                    new_lateness_histogram,
+                ),
+            ),
+            deliveries: registered(
+                &mut registry,
+                "deliveries",
+                "Deliveries received, by queue role",
+                Family::<Labels1, Counter>::default(),
+            ),
+            redeliveries: registered(
+                &mut registry,
+                "redeliveries",
+                "Deliveries flagged redelivered by the broker, by queue role",
+                Family::<Labels1, Counter>::default(),
+            ),
+            parked: registered(
+                &mut registry,
+                "parked_messages",
+                "Messages parked, by reason and component",
+                Family::<Labels2, Counter>::default(),
+            ),
+            sweeper_catches: registered(
+                &mut registry,
+                "sweeper_catches",
+                "Orders the sweeper handled because no message did (a lost or late timer), by kind",
+                Family::<Labels1, Counter>::default(),
+            ),
+            orders_created: registered(
+                &mut registry,
+                "orders_created",
+                "Orders created at checkout",
+                Counter::default(),
+            ),
+            checkouts_rejected: registered(
+                &mut registry,
+                "checkouts_rejected",
+                "Checkouts refused, by reason",
+                Family::<Labels1, Counter>::default(),
+            ),
+            checkouts_replayed: registered(
+                &mut registry,
+                "checkouts_replayed",
+                "Checkouts answered with the order an earlier request with the same Idempotency-Key created",
+                Counter::default(),
+            ),
+            http_refused: registered(
+                &mut registry,
+                "http_requests_refused",
+                "HTTP requests answered 503 by the server's limits, by reason (overloaded, timeout)",
+                Family::<Labels1, Counter>::default(),
+            ),
+            actions: registered(
+                &mut registry,
+                "order_actions",
+                "Client actions (pay, ship, confirm, cancel), by outcome (done, refused)",
+                Family::<Labels2, Counter>::default(),
+            ),
+            late_payments: registered(
+                &mut registry,
+                "late_payments",
+                "Payments for orders already cancelled or past their window (a refund may be due)",
+                Counter::default(),
+            ),
+            outbox_published: registered(
+                &mut registry,
+                "outbox_published",
+                "Outbox rows published and confirmed by the broker",
+                Counter::default(),
+            ),
+            outbox_publish_failures: registered(
+                &mut registry,
+                "outbox_publish_failures",
+                "Outbox publishes not confirmed (retried)",
+                Counter::default(),
+            ),
+            outbox_backlog: registered(
+                &mut registry,
+                "outbox_backlog",
+                "Outbox rows waiting to be published",
+                Gauge::default(),
+            ),
+            outbox_oldest_age: registered(
+                &mut registry,
+                "outbox_oldest_age_seconds",
+                "Age of the oldest unpublished outbox row",
+                Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
+            ),
+            outbox_set_aside: registered(
+                &mut registry,
+                "outbox_set_aside",
+                "Outbox rows set aside for an operator (refused by the broker too often, or unpublishable); the sweeper still keeps their deadlines",
+                Gauge::default(),
+            ),
+            consumer_pauses: registered(
+                &mut registry,
+                "consumer_pauses",
+                "Times a component paused because the database failed, by role",
+                Family::<Labels1, Counter>::default(),
+            ),
+            broker_connects: registered(
+                &mut registry,
+                "broker_connects",
+                "Broker connections established, by role",
+                Family::<Labels1, Counter>::default(),
+            ),
+            broker_disconnects: registered(
+                &mut registry,
+                "broker_disconnects",
+                "Broker connections lost, by role",
+                Family::<Labels1, Counter>::default(),
+            ),
+            held: registered(
+                &mut registry,
+                "held_messages",
+                "Early messages held in memory until their deadline",
+                Gauge::default(),
+            ),
+            redelayed: registered(
+                &mut registry,
+                "redelayed_messages",
+                "Early messages sent back to wait, by kind",
+                Family::<Labels1, Counter>::default(),
+            ),
+            waiting_timers: registered(
+                &mut registry,
+                "waiting_timers",
+                "Timers waiting in each delay stage that exists in the vhost (ttl: the level queues; plugin: the delayed-message exchange), read from the broker's management API every 5 s; absent while it cannot be read",
+                Family::<Labels1, Gauge>::default(),
+            ),
+            auth_refused: registered(
+                &mut registry,
+                "http_auth_refused",
+                "HTTP requests refused before any handler ran, by reason (missing_token, invalid_token, insufficient_scope)",
+                Family::<Labels1, Counter>::default(),
+            ),
             registry,
-            timeouts,
-            lateness,
-            deliveries,
-            redeliveries,
-            parked,
-            sweeper_catches,
-            orders_created,
-            checkouts_rejected,
-            checkouts_replayed,
-            http_refused,
-            actions,
-            late_payments,
-            outbox_published,
-            outbox_publish_failures,
-            outbox_backlog,
-            outbox_oldest_age,
-            outbox_set_aside,
-            consumer_pauses,
-            broker_connects,
-            broker_disconnects,
-            held,
-            redelayed,
-            waiting_timers,
-            auth_refused,
             stages_unreadable: AtomicBool::new(false),
             database_unready: AtomicBool::new(false),
-        })
+        };
+        // Both series exist from the start, so a rate over them is never empty.
+        for reason in ["overloaded", "timeout"] {
+            let _ = events.http_refused.get_or_create(&[("reason", reason)]);
+        }
+        Arc::new(events)
     }
 
     /// The Prometheus text exposition.
