@@ -95,17 +95,119 @@ impl OrderStatus {
         }
     }
 
-    /// Whether the state diagram has an edge from `self` to `to`.
+    /// Whether the state diagram has an edge from `self` to `to` (a change
+    /// of status; the fulfillment timeout flags an order and keeps it `paid`).
     pub fn can_become(self, to: OrderStatus) -> bool {
-        use OrderStatus::*;
-        matches!(
-            (self, to),
-            (PendingPayment, Paid)
-                | (PendingPayment, Cancelled)
-                | (Paid, Shipped)
-                | (Shipped, Completed)
-        )
+        self != to && DIAGRAM.iter().any(|e| e.from == self && e.to == to)
     }
+}
+
+/// A transition a client asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// `pending_payment` → `paid`, inside the payment window.
+    Pay,
+    /// `paid` → `shipped`; starts the receipt window.
+    Ship,
+    /// `shipped` → `completed`, by the buyer.
+    Confirm,
+    /// `pending_payment` → `cancelled`, by the buyer; releases the stock.
+    Cancel,
+}
+
+impl Action {
+    /// Every action, in the order the API lists them.
+    pub const ALL: [Action; 4] = [Self::Pay, Self::Ship, Self::Confirm, Self::Cancel];
+
+    /// The API spelling (`POST /orders/{id}/{action}`) and the metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pay => "pay",
+            Self::Ship => "ship",
+            Self::Confirm => "confirm",
+            Self::Cancel => "cancel",
+        }
+    }
+
+    /// The edge of the state diagram this action walks: `(from, to)`.
+    pub fn edge(self) -> (OrderStatus, OrderStatus) {
+        let e = edge(Trigger::Action(self));
+        (e.from, e.to)
+    }
+}
+
+impl FromStr for Action {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| format!("unknown action '{}'", truncate(s, 32)))
+    }
+}
+
+/// What moves an order along the diagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A client's action.
+    Action(Action),
+    /// A timeout of this kind.
+    Timeout(TimeoutKind),
+}
+
+/// One edge of the order state diagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Edge {
+    /// What walks it.
+    pub by: Trigger,
+    /// The status it starts from: the guard of its conditional update.
+    pub from: OrderStatus,
+    /// The status it leads to.
+    pub to: OrderStatus,
+    /// The event its audit row records.
+    pub event: &'static str,
+}
+
+/// The order state diagram: every edge, once. The allowed transitions, the
+/// status each timeout acts on, the guard of each conditional update and the
+/// audit event each writes all come from here.
+pub const DIAGRAM: [Edge; 7] = {
+    use Action::*;
+    use OrderStatus::*;
+    use TimeoutKind::*;
+    use Trigger::{Action as By, Timeout as After};
+    [
+        Edge::new(By(Pay), PendingPayment, Paid, "paid"),
+        Edge::new(By(Cancel), PendingPayment, Cancelled, "cancelled"),
+        Edge::new(By(Ship), Paid, Shipped, "shipped"),
+        Edge::new(By(Confirm), Shipped, Completed, "completed"),
+        Edge::new(After(Payment), PendingPayment, Cancelled, "cancelled"),
+        // Flagged, not cancelled: the goods are paid for; people must act.
+        Edge::new(After(Fulfillment), Paid, Paid, "fulfillment_overdue"),
+        Edge::new(After(Receipt), Shipped, Completed, "completed"),
+    ]
+};
+
+impl Edge {
+    const fn new(by: Trigger, from: OrderStatus, to: OrderStatus, event: &'static str) -> Self {
+        Self {
+            by,
+            from,
+            to,
+            event,
+        }
+    }
+}
+
+/// The edge `by` walks. Every trigger has exactly one (a unit test checks).
+pub fn edge(by: Trigger) -> Edge {
+    let mut found = DIAGRAM[0];
+    for e in DIAGRAM {
+        if e.by == by {
+            found = e;
+        }
+    }
+    found
 }
 
 impl fmt::Display for OrderStatus {
@@ -156,11 +258,7 @@ impl TimeoutKind {
 
     /// The status an order must be in for this timeout to act.
     pub fn acts_on(self) -> OrderStatus {
-        match self {
-            Self::Payment => OrderStatus::PendingPayment,
-            Self::Fulfillment => OrderStatus::Paid,
-            Self::Receipt => OrderStatus::Shipped,
-        }
+        edge(Trigger::Timeout(self)).from
     }
 }
 
@@ -285,8 +383,30 @@ mod tests {
         assert!(!Cancelled.can_become(Paid));
         assert!(!Paid.can_become(Completed));
         assert!(Shipped.can_become(Completed));
+        assert!(!Paid.can_become(Paid));
         for st in OrderStatus::ALL {
             assert_eq!(st.as_str().parse::<OrderStatus>().unwrap(), st);
+        }
+    }
+
+    #[test]
+    fn every_trigger_walks_exactly_one_edge() {
+        let triggers = Action::ALL
+            .map(Trigger::Action)
+            .into_iter()
+            .chain(TimeoutKind::ALL.map(Trigger::Timeout));
+        for by in triggers {
+            let edges: Vec<&Edge> = DIAGRAM.iter().filter(|e| e.by == by).collect();
+            assert_eq!(edges.len(), 1, "{by:?}: {edges:?}");
+            assert_eq!(edge(by), *edges[0]);
+        }
+        assert_eq!(
+            Action::Pay.edge(),
+            (OrderStatus::PendingPayment, OrderStatus::Paid)
+        );
+        assert_eq!(TimeoutKind::Receipt.acts_on(), OrderStatus::Shipped);
+        for a in Action::ALL {
+            assert_eq!(a.as_str().parse::<Action>(), Ok(a));
         }
     }
 

@@ -14,17 +14,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
 
 use crate::amqp::wire::Park;
-use crate::db::store::{Action, OutboxState};
-use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
-
-fn action_name(action: Action) -> &'static str {
-    match action {
-        Action::Pay => "pay",
-        Action::Ship => "ship",
-        Action::Confirm => "confirm",
-        Action::Cancel => "cancel",
-    }
-}
+use crate::db::store::OutboxState;
+use crate::domain::{Action, Millis, OrderId, OrderStatus, TimeoutKind};
 
 type Labels1 = [(&'static str, &'static str); 1];
 type Labels2 = [(&'static str, &'static str); 2];
@@ -287,9 +278,9 @@ impl Events {
     /// A client's action changed an order.
     pub fn order_changed(&self, id: OrderId, action: Action) {
         self.actions
-            .get_or_create(&[("action", action_name(action)), ("outcome", "done")])
+            .get_or_create(&[("action", action.as_str()), ("outcome", "done")])
             .inc();
-        tracing::info!(order_id = %id, action = action_name(action), outcome = "done", "order changed");
+        tracing::info!(order_id = %id, action = action.as_str(), outcome = "done", "order changed");
     }
 
     /// A client's action was refused by the order's state. `late_payment`: it
@@ -304,13 +295,13 @@ impl Events {
         late_payment: bool,
     ) {
         self.actions
-            .get_or_create(&[("action", action_name(action)), ("outcome", "refused")])
+            .get_or_create(&[("action", action.as_str()), ("outcome", "refused")])
             .inc();
         if late_payment {
             self.late_payments.inc();
             tracing::warn!(order_id = %id, status = status.as_str(), outcome = "late_payment", "late payment for a cancelled order; refund it");
         } else {
-            tracing::info!(order_id = %id, action = action_name(action), status = status.as_str(), outcome = "refused", "action refused");
+            tracing::info!(order_id = %id, action = action.as_str(), status = status.as_str(), outcome = "refused", "action refused");
         }
     }
 

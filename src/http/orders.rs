@@ -232,16 +232,10 @@ pub(super) async fn order_action(
     State(ctx): State<Arc<Context>>,
     Path((id, action)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let action = match action.as_str() {
-        "pay" => Action::Pay,
-        "ship" => Action::Ship,
-        "confirm" => Action::Confirm,
-        "cancel" => Action::Cancel,
-        _ => {
-            return Err(ApiError::not_found(
-                "no such endpoint (actions: pay, ship, confirm, cancel)",
-            ));
-        }
+    let Ok(action) = action.parse::<Action>() else {
+        return Err(ApiError::not_found(
+            "no such endpoint (actions: pay, ship, confirm, cancel)",
+        ));
     };
     let id = parse_id(&id)?;
     match store::act(

@@ -90,7 +90,7 @@ async fn applied(
     if let Some((kind, deadline)) = timeout {
         enqueue(&txn, id, kind, deadline, now).await?;
     }
-    let event = to.as_str();
+    let event = crate::domain::edge(crate::domain::Trigger::Action(action)).event;
     record(&txn, &[id], event, Some(from), to, Cause::Api, now, None).await?;
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
     txn.commit().await?;

@@ -107,44 +107,28 @@ fn expiry_update(
     kind: TimeoutKind,
     now: Millis,
 ) -> (UpdateMany<orders::Entity>, &'static str, OrderStatus) {
+    let edge = crate::domain::edge(crate::domain::Trigger::Timeout(kind));
     let update = orders::Entity::update_many()
         .col_expr(
             orders::Column::Version,
             Expr::col(orders::Column::Version).add(1),
         )
         .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
-        .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
+        .filter(orders::Column::Status.eq(edge.from.as_str()))
         .filter(deadline_column(kind).lte(now.0));
-    match kind {
-        TimeoutKind::Payment => (
-            update
-                .col_expr(
-                    orders::Column::Status,
-                    Expr::value(OrderStatus::Cancelled.as_str()),
-                )
-                .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
-            "cancelled",
-            OrderStatus::Cancelled,
-        ),
+    let update = match kind {
+        TimeoutKind::Payment => update
+            .col_expr(orders::Column::Status, Expr::value(edge.to.as_str()))
+            .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
         // Flagged, not cancelled: the goods are paid for; people must act.
-        TimeoutKind::Fulfillment => (
-            update
-                .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
-                .filter(orders::Column::FulfillmentOverdueAtMs.is_null()),
-            "fulfillment_overdue",
-            OrderStatus::Paid,
-        ),
-        TimeoutKind::Receipt => (
-            update
-                .col_expr(
-                    orders::Column::Status,
-                    Expr::value(OrderStatus::Completed.as_str()),
-                )
-                .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
-            "completed",
-            OrderStatus::Completed,
-        ),
-    }
+        TimeoutKind::Fulfillment => update
+            .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
+            .filter(orders::Column::FulfillmentOverdueAtMs.is_null()),
+        TimeoutKind::Receipt => update
+            .col_expr(orders::Column::Status, Expr::value(edge.to.as_str()))
+            .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
+    };
+    (update, edge.event, edge.to)
 }
 
 /// Runs the update on one chunk of ids (locked, ascending); returns the ids it

@@ -204,30 +204,7 @@ impl Cause {
     }
 }
 
-/// A transition a client asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// `pending_payment` → `paid`, inside the payment window.
-    Pay,
-    /// `paid` → `shipped`; starts the receipt window.
-    Ship,
-    /// `shipped` → `completed`, by the buyer.
-    Confirm,
-    /// `pending_payment` → `cancelled`, by the buyer; releases the stock.
-    Cancel,
-}
-
-impl Action {
-    /// The edge of the state diagram this action walks.
-    pub fn edge(self) -> (OrderStatus, OrderStatus) {
-        match self {
-            Self::Pay => (OrderStatus::PendingPayment, OrderStatus::Paid),
-            Self::Ship => (OrderStatus::Paid, OrderStatus::Shipped),
-            Self::Confirm => (OrderStatus::Shipped, OrderStatus::Completed),
-            Self::Cancel => (OrderStatus::PendingPayment, OrderStatus::Cancelled),
-        }
-    }
-}
+pub use crate::domain::Action;
 
 /// Stock of one SKU, as the API shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
