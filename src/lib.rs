@@ -3,20 +3,22 @@
 //! paid order not shipped in time is flagged; a shipped order never confirmed is
 //! completed. RabbitMQ keeps the deadlines, the database decides.
 //!
-//! The map of the crate:
-//! - [`settings`]: typed, validated configuration (defaults, TOML, environment);
-//! - [`domain`]: ids, statuses and transitions, timeout kinds, timestamps;
-//! - [`db`]: the connection, migrations, and every transaction ([`db::store`]);
-//! - [`amqp`]: the wire contract, the topology of both delay modes, the router,
-//!   the consumers and the outbox relay, each on a supervised connection;
+//! The map of the crate, one line per module, from the bottom up:
+//! - [`domain`]: ids, statuses, the order state diagram as one table, timeout kinds, time;
+//! - [`settings`]: typed, validated configuration (defaults, TOML file, environment);
+//! - [`db`]: the connection, entities, and every transaction by family ([`db::store`]);
+//! - [`metrics`]: every event, counted and logged in one place;
+//! - [`context`]: what the components share (settings, pools, events, health, roles);
+//! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
-//! - [`http`]: the JSON API, behind [`auth`] (bearer tokens and their
-//!   scopes); [`server`]: serving it, with timeouts and caps; [`metrics`]:
-//!   events that log and count;
-//! - [`context`]: what the components share (settings, pools, events, health),
-//!   below every subsystem that takes it;
-//! - [`app`]: wiring and the run loop; [`doctor`] and [`cli`]: the subcommands;
-//!   [`demo`]: the live demo;
+//! - [`auth`]: bearer tokens, their scopes, and what each route needs;
+//! - [`http`]: the JSON API and its OpenAPI document;
+//! - [`server`]: serving the API with timeouts and caps;
+//! - [`telemetry`]: log output;
+//! - [`app`]: build and run every component, and shut them down;
+//! - [`doctor`]: the `doctor` subcommand's checks;
+//! - [`demo`]: the `demo` subcommand;
+//! - [`cli`]: the command line.
 
 pub mod amqp;
 pub mod app;
