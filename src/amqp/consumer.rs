@@ -134,8 +134,6 @@ impl KindConsumer {
                 FieldTable::default(),
             )
             .await?;
-        let batch_size = self.ctx.settings.consumer.batch_size;
-        let batch_wait = self.ctx.settings.consumer.batch_wait;
         let mut last_batch = Instant::now() - FLOWING;
         let result: Result<(), Error> = loop {
             let first = tokio::select! {
@@ -149,42 +147,11 @@ impl KindConsumer {
                     Err(e) => break Err(e),
                 },
             };
-            let mut batch = vec![first];
-            let mut ended = None;
-            // Flowing: more than one ready at once, or the last batch was moments
-            // ago. A due burst trickles out of the TTL levels one message at a
-            // time, and a transaction per message would cap the rate.
+            // Flowing: the last batch was moments ago. A due burst trickles out
+            // of the TTL levels one message at a time, and a transaction per
+            // message would cap the rate.
             let flowing = last_batch.elapsed() < FLOWING;
-            let until = Instant::now() + batch_wait;
-            while batch.len() < batch_size {
-                // Held deliveries whose deadline has come join the batch: one
-                // transaction for all of them, not one each.
-                if !self.held.is_empty()
-                    && let Some(Some(expired)) = self.held.next().now_or_never()
-                {
-                    batch.push(self.released(expired.into_inner()));
-                    continue;
-                }
-                let next = match deliveries.next().now_or_never() {
-                    // Take whatever is ready now ...
-                    Some(next) => next,
-                    // ... and, only while messages are flowing, wait a little for more.
-                    None if (flowing || batch.len() > 1) && !batch_wait.is_zero() => {
-                        match tokio::time::timeout_at(until, deliveries.next()).await {
-                            Ok(next) => next,
-                            Err(_) => break,
-                        }
-                    }
-                    None => break,
-                };
-                match self.received(next) {
-                    Ok(d) => batch.push(d),
-                    Err(e) => {
-                        ended = Some(e);
-                        break;
-                    }
-                }
-            }
+            let (batch, ended) = self.gather(first, &mut deliveries, flowing).await;
             last_batch = Instant::now();
             if let Err(e) = self.handle(batch, &shutdown).await {
                 break Err(e);
@@ -210,6 +177,49 @@ impl KindConsumer {
             }
         }
         result
+    }
+
+    /// Gathers a batch after its first delivery: held deliveries now due and
+    /// whatever is ready, up to `consumer.batch_size`; while messages flow (or
+    /// more than one was ready), waiting up to `consumer.batch_wait` for more.
+    /// Also returns the error that ended the stream, if it did.
+    async fn gather(
+        &mut self,
+        first: Delivery,
+        deliveries: &mut lapin::Consumer,
+        flowing: bool,
+    ) -> (Vec<Delivery>, Option<Error>) {
+        let batch_size = self.ctx.settings.consumer.batch_size;
+        let batch_wait = self.ctx.settings.consumer.batch_wait;
+        let until = Instant::now() + batch_wait;
+        let mut batch = vec![first];
+        while batch.len() < batch_size {
+            // Held deliveries whose deadline has come join the batch: one
+            // transaction for all of them, not one each.
+            if !self.held.is_empty()
+                && let Some(Some(expired)) = self.held.next().now_or_never()
+            {
+                batch.push(self.released(expired.into_inner()));
+                continue;
+            }
+            let next = match deliveries.next().now_or_never() {
+                // Take whatever is ready now ...
+                Some(next) => next,
+                // ... and, only while messages are flowing, wait a little for more.
+                None if (flowing || batch.len() > 1) && !batch_wait.is_zero() => {
+                    match tokio::time::timeout_at(until, deliveries.next()).await {
+                        Ok(next) => next,
+                        Err(_) => break,
+                    }
+                }
+                None => break,
+            };
+            match self.received(next) {
+                Ok(d) => batch.push(d),
+                Err(e) => return (batch, Some(e)),
+            }
+        }
+        (batch, None)
     }
 
     /// A held delivery whose time has come, taken out of the hold.

@@ -95,7 +95,7 @@ pub async fn run(
             }
             continue;
         }
-        let Round { confirmed, refused } = match publish_round(&ctx, &channel, mode, &rows).await {
+        let round = match publish_round(&ctx, &channel, mode, &rows).await {
             Ok(round) => round,
             Err(e) => {
                 // The connection broke mid-round: give the rows back now rather
@@ -106,32 +106,42 @@ pub async fn run(
                 return Err(e);
             }
         };
-        // A failure to delete only means the rows are published again: the
-        // consumer treats a duplicate as a no-op.
-        let mut delete_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        while let Err(e) = store::outbox_delete(&ctx.db, &confirmed).await {
-            let delay = delete_backoff.next_delay();
-            ctx.events.paused("relay", &e.to_string(), delay);
-            if !pause(&shutdown, delay).await {
-                return Ok(());
-            }
-        }
-        ctx.events.outbox_published(confirmed.len() as u64);
-        if let Some((_, first)) = refused.first() {
-            ctx.events.outbox_failed(refused.len() as u64, first);
-            // Not retried at once: each refused row waits, and the rows behind
-            // it go out meanwhile; one refused too often is set aside.
-            let max_attempts = ctx.settings.relay.max_attempts;
-            match store::outbox_refused(&ctx.db, &refused, max_attempts, Millis::now()).await {
-                Ok(set_aside) if !set_aside.is_empty() => {
-                    ctx.events.outbox_set_aside(&set_aside, first);
-                }
-                Ok(_) => {}
-                // The lease ends the claim anyway; the rows come back then.
-                Err(e) => ctx.events.paused("relay", &e.to_string(), Duration::ZERO),
-            }
+        if !settle(&ctx, round, &shutdown).await {
+            return Ok(());
         }
     }
+}
+
+/// Deletes the rows the broker confirmed and records the refusals; false when
+/// shutdown came first.
+async fn settle(ctx: &Context, round: Round<'_>, shutdown: &CancellationToken) -> bool {
+    let Round { confirmed, refused } = round;
+    // A failure to delete only means the rows are published again: the
+    // consumer treats a duplicate as a no-op.
+    let mut delete_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    while let Err(e) = store::outbox_delete(&ctx.db, &confirmed).await {
+        let delay = delete_backoff.next_delay();
+        ctx.events.paused("relay", &e.to_string(), delay);
+        if !pause(shutdown, delay).await {
+            return false;
+        }
+    }
+    ctx.events.outbox_published(confirmed.len() as u64);
+    if let Some((_, first)) = refused.first() {
+        ctx.events.outbox_failed(refused.len() as u64, first);
+        // Not retried at once: each refused row waits, and the rows behind
+        // it go out meanwhile; one refused too often is set aside.
+        let max_attempts = ctx.settings.relay.max_attempts;
+        match store::outbox_refused(&ctx.db, &refused, max_attempts, Millis::now()).await {
+            Ok(set_aside) if !set_aside.is_empty() => {
+                ctx.events.outbox_set_aside(&set_aside, first);
+            }
+            Ok(_) => {}
+            // The lease ends the claim anyway; the rows come back then.
+            Err(e) => ctx.events.paused("relay", &e.to_string(), Duration::ZERO),
+        }
+    }
+    true
 }
 
 /// What the broker said about one round's rows.
