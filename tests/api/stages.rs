@@ -37,8 +37,10 @@ async fn due_while_the_service_is_down(backend: Backend, mode: DelayMode) {
         .await;
     let cancelled = ms(&order, "cancelled_at");
     assert!(cancelled >= deadline, "never early: {order}");
+    // A hang guard, not a speed target: the restart itself (connecting,
+    // declaring the topology) can take seconds on a busy machine.
     assert!(
-        cancelled - started < 5000,
+        cancelled - started < 20_000,
         "handled {} ms after the service started",
         cancelled - started
     );
@@ -147,12 +149,10 @@ async fn mode_switch(backend: Backend, from: DelayMode, setting: &str, to: Delay
     assert_eq!(resolved, Some(to.as_str()), "the mode after the switch");
     let new = next.order(&[("A", 3)], "4s").await;
     next.wait_stage_timers(to, 1, Duration::from_secs(5)).await;
-    // The old timer is still where it was.
-    assert_eq!(
-        next.stage_timers(from).await,
-        1,
-        "the old stage keeps its timer"
-    );
+    // The old timer is still where it was (the management API's count can
+    // lag a restart on a busy broker: waited for, not read once).
+    next.wait_stage_timers(from, 1, Duration::from_secs(10))
+        .await;
 
     next.cancelled_on_time(&new, Duration::from_secs(10)).await;
     next.cancelled_on_time(&old, Duration::from_secs(40)).await;

@@ -43,8 +43,8 @@ use checkout::enqueue;
 use expiry::apply_expiry;
 pub use expiry::{expire, overdue, probe};
 pub use publishing::{
-    CLAIM_LEASE, OutboxState, outbox_backlog, outbox_claim, outbox_delete, outbox_refused,
-    outbox_release, outbox_set_aside,
+    CLAIM_LEASE, OutboxState, is_deadlock, outbox_backlog, outbox_claim, outbox_delete,
+    outbox_refused, outbox_release, outbox_set_aside,
 };
 pub use reads::{audit, get_order};
 use reads::{load, view};

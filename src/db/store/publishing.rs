@@ -32,6 +32,32 @@ pub async fn outbox_claim(
     limit: u64,
     now: Millis,
 ) -> Result<Vec<outbox::Model>, DbErr> {
+    // MariaDB may pick a table scan for the claim's update and deadlock it
+    // against another relay's delete; the loser is rolled back whole, so
+    // claiming again is safe.
+    let mut attempts = 0;
+    loop {
+        match claim_once(db, limit, now).await {
+            Err(e) if is_deadlock(&e) && attempts < 3 => attempts += 1,
+            result => return result,
+        }
+    }
+}
+
+/// The database chose this transaction as a deadlock's victim (or, on
+/// PostgreSQL, a serialization failure): it was rolled back and may be retried.
+pub fn is_deadlock(e: &DbErr) -> bool {
+    let text = e.to_string();
+    text.contains("40001")
+        || text.contains("40P01")
+        || text.to_ascii_lowercase().contains("deadlock")
+}
+
+async fn claim_once(
+    db: &DatabaseConnection,
+    limit: u64,
+    now: Millis,
+) -> Result<Vec<outbox::Model>, DbErr> {
     let claim = uuid::Uuid::new_v4().to_string();
     let lease_end = now.plus(CLAIM_LEASE).0;
     let candidates = outbox::Entity::find()
