@@ -137,7 +137,7 @@ async fn mode_switch(backend: Backend, from: DelayMode, setting: &str, to: Delay
     let mut app = spawn_app(Spawn::new(backend, from)).await;
     app.put_stock("A", 10).await;
     // Long enough to be still waiting after a restart on a busy machine.
-    let old = app.order(&[("A", 2)], "30s").await;
+    let old = app.order(&[("A", 2)], "45s").await;
     app.wait_stage_timers(from, 1, Duration::from_secs(5)).await;
     app.stop().await;
 
@@ -151,11 +151,11 @@ async fn mode_switch(backend: Backend, from: DelayMode, setting: &str, to: Delay
     next.wait_stage_timers(to, 1, Duration::from_secs(5)).await;
     // The old timer is still where it was (the management API's count can
     // lag a restart on a busy broker: waited for, not read once).
-    next.wait_stage_timers(from, 1, Duration::from_secs(10))
+    next.wait_stage_timers(from, 1, Duration::from_secs(15))
         .await;
 
     next.cancelled_on_time(&new, Duration::from_secs(10)).await;
-    next.cancelled_on_time(&old, Duration::from_secs(40)).await;
+    next.cancelled_on_time(&old, Duration::from_secs(60)).await;
     for id in [&old, &new] {
         assert_cancelled_once_by_timer(&next, id).await;
     }
