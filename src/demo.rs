@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::{self, topology};
 use crate::app::Application;
 use crate::domain::Millis;
+use crate::http_client::{Answer, JsonClient, Method};
 use crate::settings::{Secret, Settings};
 
 const STOCK: [(&str, i64); 3] = [("TSHIRT", 10), ("MUG", 6), ("POSTER", 4)];
@@ -172,26 +173,28 @@ async fn drive(style: &Style, base: &str, token: &str) -> anyhow::Result<()> {
 }
 
 /// The demo's HTTP client, sending the token it gave the service.
-fn client(token: &str) -> anyhow::Result<reqwest::Client> {
-    let mut authorization = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
-    authorization.set_sensitive(true);
-    Ok(reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .default_headers(
-            [(reqwest::header::AUTHORIZATION, authorization)]
-                .into_iter()
-                .collect(),
-        )
-        .build()?)
+fn client(token: &str) -> anyhow::Result<JsonClient> {
+    Ok(JsonClient::new(Duration::from_secs(10)).bearer(token)?)
+}
+
+/// The body of a successful answer; an error naming the request otherwise.
+fn success(what: &str, answer: Answer) -> anyhow::Result<Value> {
+    anyhow::ensure!(
+        answer.status.is_success(),
+        "{what} failed: HTTP {} {}",
+        answer.status,
+        answer.body
+    );
+    Ok(answer.body)
 }
 
 /// Waits for `/readyz`, saying what was not ready when it gives up.
-async fn wait_ready(style: &Style, http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
+async fn wait_ready(style: &Style, http: &JsonClient, base: &str) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
-        let answer = match http.get(format!("{base}/readyz")).send().await {
-            Ok(resp) if resp.status().is_success() => break,
-            Ok(resp) => resp.json::<Value>().await.ok(),
+        let answer = match http.get(&format!("{base}/readyz")).await {
+            Ok(answer) if answer.status.is_success() => break,
+            Ok(answer) => Some(answer.body),
             Err(_) => None,
         };
         if started.elapsed() > READY_WITHIN {
@@ -208,13 +211,15 @@ async fn wait_ready(style: &Style, http: &reqwest::Client, base: &str) -> anyhow
     Ok(())
 }
 
-async fn stock(style: &Style, http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
+async fn stock(style: &Style, http: &JsonClient, base: &str) -> anyhow::Result<()> {
     for (sku, available) in STOCK {
-        http.put(format!("{base}/inventory/{sku}"))
-            .json(&json!({ "available": available }))
-            .send()
-            .await?
-            .error_for_status()?;
+        let answer = http
+            .put(
+                &format!("{base}/inventory/{sku}"),
+                &json!({ "available": available }),
+            )
+            .await?;
+        success(&format!("stocking {sku}"), answer)?;
     }
     let stocked: Vec<String> = STOCK.iter().map(|(s, n)| format!("{s}={n}")).collect();
     style.line(&format!("{}  stocked {}", clock(), stocked.join(" ")));
@@ -227,21 +232,17 @@ struct Placed {
     pay_after: Option<u64>,
 }
 
-async fn place(style: &Style, http: &reqwest::Client, base: &str) -> anyhow::Result<Vec<Placed>> {
+async fn place(style: &Style, http: &JsonClient, base: &str) -> anyhow::Result<Vec<Placed>> {
     let mut orders = Vec::new();
     for (items, window, pay_after) in ORDERS {
         let body = json!({
             "items": items.iter().map(|(s, q)| json!({"sku": s, "quantity": q})).collect::<Vec<_>>(),
             "payment_window": window,
         });
-        let order: Value = http
-            .post(format!("{base}/orders"))
-            .json(&body)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
+        let order = success(
+            "checkout",
+            http.post(&format!("{base}/orders"), &body).await?,
+        )?;
         let id = order["id"].as_str().unwrap_or_default().to_string();
         let what: Vec<String> = items.iter().map(|(s, q)| format!("{q}×{s}")).collect();
         let plan = if pay_after.is_some() {
@@ -271,7 +272,7 @@ struct Ledger {
 /// cancellation as it happens, until no order is pending.
 async fn watch(
     style: &Style,
-    http: &reqwest::Client,
+    http: &JsonClient,
     base: &str,
     orders: &[Placed],
 ) -> anyhow::Result<Ledger> {
@@ -320,13 +321,11 @@ async fn watch(
     Ok(ledger)
 }
 
-async fn pay(style: &Style, http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<()> {
-    let resp = http.post(format!("{base}/orders/{id}/pay")).send().await?;
-    anyhow::ensure!(
-        resp.status().is_success(),
-        "paying order {id} failed: {}",
-        resp.status()
-    );
+async fn pay(style: &Style, http: &JsonClient, base: &str, id: &str) -> anyhow::Result<()> {
+    let answer = http
+        .send(Method::POST, &format!("{base}/orders/{id}/pay"), None)
+        .await?;
+    success(&format!("paying order {id}"), answer)?;
     style.line(&format!(
         "{}  order {id} {}",
         clock(),
@@ -338,7 +337,7 @@ async fn pay(style: &Style, http: &reqwest::Client, base: &str, id: &str) -> any
 /// Reports a cancelled order; returns who cancelled it and how late.
 async fn cancelled(
     style: &Style,
-    http: &reqwest::Client,
+    http: &JsonClient,
     base: &str,
     id: &str,
     order: &Value,
@@ -363,7 +362,7 @@ async fn cancelled(
 /// if a timer did not cancel its order or the stock does not add up.
 async fn summary(
     style: &Style,
-    http: &reqwest::Client,
+    http: &JsonClient,
     base: &str,
     orders: &[Placed],
     ledger: &Ledger,
@@ -435,11 +434,11 @@ fn late_ms(order: &Value) -> i64 {
 }
 
 /// GET on the service's API, as JSON.
-async fn get_json(http: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
-    Ok(http.get(url).send().await?.json().await?)
+async fn get_json(http: &JsonClient, url: &str) -> anyhow::Result<Value> {
+    success(&format!("GET {url}"), http.get(url).await?)
 }
 
-async fn back_on_sale(http: &reqwest::Client, base: &str, order: &Value) -> anyhow::Result<String> {
+async fn back_on_sale(http: &JsonClient, base: &str, order: &Value) -> anyhow::Result<String> {
     let mut parts = Vec::new();
     for item in order["items"].as_array().cloned().unwrap_or_default() {
         let sku = item["sku"].as_str().unwrap_or_default();

@@ -14,6 +14,7 @@
 //! - [`auth`]: bearer tokens, their scopes, and what each route needs;
 //! - [`http`]: the JSON API and its OpenAPI document;
 //! - [`server`]: serving the API with timeouts and caps;
+//! - [`http_client`]: a small JSON client (the broker's management API, `demo`);
 //! - [`telemetry`]: log output;
 //! - [`app`]: build and run every component, and shut them down;
 //! - [`doctor`]: the `doctor` subcommand's checks;
@@ -30,6 +31,7 @@ pub mod demo;
 pub mod doctor;
 pub mod domain;
 pub mod http;
+pub mod http_client;
 pub mod metrics;
 pub mod server;
 pub mod settings;

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::pause;
 use super::topology::{LEVELS, Names};
 use crate::context::Context;
+use crate::http_client::{JsonClient, StatusCode};
 use crate::settings::ManagementApi;
 
 /// How often [`monitor`] reads the stages: the management API's own
@@ -47,7 +48,7 @@ pub struct Management {
     /// Where and as whom.
     api: ManagementApi,
     /// Short timeouts: this is monitoring, never on a timer's path.
-    http: reqwest::Client,
+    http: JsonClient,
 }
 
 /// Percent-encodes one path segment (a vhost or exchange name).
@@ -58,12 +59,7 @@ fn segment(s: &str) -> String {
 impl Management {
     /// A client for the configured API.
     pub fn new(api: ManagementApi) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            // Only fails when no TLS backend or resolver can be set up, which
-            // a plain-HTTP client does not need; fall back to the defaults.
-            .unwrap_or_default();
+        let http = JsonClient::new(Duration::from_secs(5));
         Self { api, http }
     }
 
@@ -78,24 +74,21 @@ impl Management {
             base: self.api.base.clone(),
             detail,
         };
-        let resp = self
+        let answer = self
             .http
-            .get(format!("{}/api/{path}", self.api.base))
-            .basic_auth(&self.api.username, Some(self.api.password.expose()))
-            .send()
+            .clone()
+            .basic(&self.api.username, self.api.password.expose())
+            .map_err(|e| unreachable(e.to_string()))?
+            .get(&format!("{}/api/{path}", self.api.base))
             .await
-            // Without the URL: reqwest's error text would repeat it.
-            .map_err(|e| unreachable(e.without_url().to_string()))?;
-        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            .map_err(|e| unreachable(e.to_string()))?;
+        if answer.status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        if !resp.status().is_success() {
-            return Err(unreachable(format!("HTTP {}", resp.status())));
+        if !answer.status.is_success() {
+            return Err(unreachable(format!("HTTP {}", answer.status)));
         }
-        resp.json()
-            .await
-            .map(Some)
-            .map_err(|e| unreachable(e.without_url().to_string()))
+        Ok(Some(answer.body))
     }
 
     /// Timers waiting in the delayed-message exchange `exchange` of the vhost:

@@ -9,6 +9,30 @@ pub(super) struct StockBody {
     available: i64,
 }
 
+/// Stock of one SKU, as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, ToSchema)]
+pub struct StockView {
+    /// The SKU.
+    pub sku: String,
+    /// On sale.
+    pub available: i64,
+    /// Held by unpaid orders.
+    pub reserved: i64,
+    /// Paid for.
+    pub sold: i64,
+}
+
+impl From<SkuStock> for StockView {
+    fn from(s: SkuStock) -> Self {
+        Self {
+            sku: s.sku,
+            available: s.available,
+            reserved: s.reserved,
+            sold: s.sold,
+        }
+    }
+}
+
 #[utoipa::path(
     put,
     path = "/inventory/{sku}",
@@ -36,7 +60,7 @@ pub(super) async fn put_inventory(
         )));
     }
     let stock = store::put_stock(&ctx.api_db, &sku, body.available, Millis::now()).await?;
-    Ok(Json(stock).into_response())
+    Ok(Json(StockView::from(stock)).into_response())
 }
 
 #[utoipa::path(
@@ -57,7 +81,7 @@ pub(super) async fn get_inventory(
 ) -> Result<Response, ApiError> {
     check_sku(&sku)?;
     match store::get_stock(&ctx.api_db, &sku).await? {
-        Some(stock) => Ok(Json(stock).into_response()),
+        Some(stock) => Ok(Json(StockView::from(stock)).into_response()),
         None => Err(ApiError::not_found(format!("sku '{sku}' not found"))),
     }
 }

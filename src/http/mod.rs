@@ -30,7 +30,7 @@ use crate::auth::{self, Access, Denied, Need, Scope};
 use crate::context::Context;
 use crate::db;
 use crate::db::store::{
-    self, Action, CheckoutError, IdempotencyKey, NewItem, OrderView, StockView, TransitionError,
+    self, Action, CheckoutError, IdempotencyKey, NewItem, Order, SkuStock, TransitionError,
 };
 use crate::domain::{Millis, OrderId, OrderStatus};
 use crate::metrics::Events;

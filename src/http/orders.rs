@@ -19,6 +19,143 @@ pub(super) struct OrderBody {
     payment_window: Option<String>,
 }
 
+/// One line of an order, as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, ToSchema)]
+pub struct ItemView {
+    /// The SKU.
+    pub sku: String,
+    /// How many.
+    pub quantity: i64,
+}
+
+/// An order as the API shows it. Later deadlines and timestamps appear once they exist.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OrderView {
+    /// The id, as a string.
+    #[schema(value_type = String, example = "42")]
+    pub id: OrderId,
+    /// Current status.
+    #[schema(value_type = String, example = "pending_payment")]
+    pub status: OrderStatus,
+    /// What was ordered.
+    pub items: Vec<ItemView>,
+    /// End of the payment window.
+    #[schema(value_type = String, format = DateTime)]
+    pub pay_deadline: Millis,
+    /// Checkout time.
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Millis,
+    /// Last change.
+    #[schema(value_type = String, format = DateTime)]
+    pub updated_at: Millis,
+    /// Incremented by every transition.
+    pub version: i32,
+    /// Payment time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub paid_at: Option<Millis>,
+    /// End of the fulfillment window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub ship_deadline: Option<Millis>,
+    /// When the fulfillment timeout found it unshipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub fulfillment_overdue_at: Option<Millis>,
+    /// Shipping time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub shipped_at: Option<Millis>,
+    /// End of the receipt window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub confirm_deadline: Option<Millis>,
+    /// Completion time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub completed_at: Option<Millis>,
+    /// Cancellation time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub cancelled_at: Option<Millis>,
+    /// When a payment first came after a timeout had cancelled the order: a
+    /// refund is due. Recorded once, however often the client retries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub late_payment_at: Option<Millis>,
+    /// The audit trail, oldest first, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Vec<AuditView>>,
+}
+
+/// One audit-trail entry as the API shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, ToSchema)]
+pub struct AuditView {
+    /// What happened.
+    pub event: String,
+    /// Status before (absent for `created`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Status after.
+    pub to: String,
+    /// `api`, `timeout` or `sweeper`.
+    pub cause: String,
+    /// When.
+    #[schema(value_type = String, format = DateTime)]
+    pub at: Millis,
+    /// More to say, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl From<Order> for OrderView {
+    fn from(o: Order) -> Self {
+        Self {
+            id: o.id,
+            status: o.status,
+            items: o
+                .items
+                .into_iter()
+                .map(|i| ItemView {
+                    sku: i.sku,
+                    quantity: i.quantity,
+                })
+                .collect(),
+            pay_deadline: o.pay_deadline,
+            created_at: o.created_at,
+            updated_at: o.updated_at,
+            version: o.version,
+            paid_at: o.paid_at,
+            ship_deadline: o.ship_deadline,
+            fulfillment_overdue_at: o.fulfillment_overdue_at,
+            shipped_at: o.shipped_at,
+            confirm_deadline: o.confirm_deadline,
+            completed_at: o.completed_at,
+            cancelled_at: o.cancelled_at,
+            late_payment_at: o.late_payment_at,
+            audit: o.audit.map(|entries| {
+                entries
+                    .into_iter()
+                    .map(|e| AuditView {
+                        event: e.event,
+                        from: e.from,
+                        to: e.to,
+                        cause: e.cause,
+                        at: e.at,
+                        detail: e.detail,
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
+/// The body of a checkout's answer, as stored with its idempotency key so
+/// that a retry is answered byte for byte the same.
+fn checkout_answer(order: &Order) -> Result<String, serde_json::Error> {
+    serde_json::to_string(&OrderView::from(order.clone()))
+}
+
 /// Validates a checkout request into items and a window: the default
 /// payment window, or the one asked for, at most `windows.max_payment`.
 fn checkout_request(
@@ -113,7 +250,7 @@ pub(super) async fn create_order(
     let key = idempotency_key(&headers)?;
     let Json(body) = body?;
     let (items, window) = checkout_request(body, &ctx.settings.windows)?;
-    let key = key.map(|key| IdempotencyKey::new(key, &items, window));
+    let key = key.map(|key| IdempotencyKey::new(key, &items, window, checkout_answer));
     match store::checkout(&ctx.api_db, &items, window, Millis::now(), key.as_ref()).await {
         Ok(order) => {
             // The outbox row is committed: let the relay publish it now.
@@ -124,7 +261,7 @@ pub(super) async fn create_order(
             Ok((
                 StatusCode::CREATED,
                 [(header::LOCATION, location)],
-                Json(order),
+                Json(OrderView::from(order)),
             )
                 .into_response())
         }
@@ -207,7 +344,7 @@ pub(super) async fn get_order(
         }
     };
     match store::get_order(&ctx.api_db, id, with_audit).await? {
-        Some(order) => Ok(Json(order).into_response()),
+        Some(order) => Ok(Json(OrderView::from(order)).into_response()),
         None => Err(ApiError::not_found(format!("order {id} not found"))),
     }
 }
@@ -251,7 +388,7 @@ pub(super) async fn order_action(
             // Pay and ship wrote an outbox row: let the relay publish it now.
             ctx.relay_wakeup.notify_one();
             ctx.events.order_changed(id, action);
-            Ok(Json(order).into_response())
+            Ok(Json(OrderView::from(order)).into_response())
         }
         Err(TransitionError::Conflict {
             order,

@@ -19,7 +19,7 @@ pub async fn act(
     action: Action,
     windows: &Windows,
     now: Millis,
-) -> Result<OrderView, TransitionError> {
+) -> Result<Order, TransitionError> {
     let txn = db.begin().await?;
     let (update, timeout) = conditional_update(id, action, windows, now);
     if update.exec(&txn).await?.rows_affected == 1 {
@@ -80,7 +80,7 @@ async fn applied(
     action: Action,
     timeout: Option<(TimeoutKind, Millis)>,
     now: Millis,
-) -> Result<OrderView, TransitionError> {
+) -> Result<Order, TransitionError> {
     let (from, to) = action.edge();
     match action {
         Action::Pay => move_stock(&txn, &[id], Stock::Reserved, Stock::Sold, now).await?,
@@ -107,7 +107,7 @@ async fn refused(
     id: OrderId,
     action: Action,
     now: Millis,
-) -> Result<OrderView, TransitionError> {
+) -> Result<Order, TransitionError> {
     let (from, to) = action.edge();
     let late_payment = if action == Action::Pay {
         apply_expiry(&txn, TimeoutKind::Payment, &[id], now, Cause::Timeout).await?;

@@ -17,7 +17,7 @@ pub async fn checkout(
     window: Duration,
     now: Millis,
     key: Option<&IdempotencyKey>,
-) -> Result<OrderView, CheckoutError> {
+) -> Result<Order, CheckoutError> {
     let mut items = items.to_vec();
     items.sort_by(|a, b| a.sku.cmp(&b.sku));
     let txn = db.begin().await?;
@@ -33,7 +33,9 @@ pub async fn checkout(
     }
     let created = create_order(&txn, items, now.plus(window), now).await?;
     if let Some(key) = key {
-        settle_key(&txn, key, &created).await?;
+        let answer = (key.answer)(&created)
+            .map_err(|e| DbErr::Custom(format!("cannot encode the order: {e}")))?;
+        settle_key(&txn, key, created.id, answer).await?;
     }
     txn.commit().await?;
     Ok(created)
@@ -88,7 +90,7 @@ async fn create_order(
     items: Vec<NewItem>,
     deadline: Millis,
     now: Millis,
-) -> Result<OrderView, DbErr> {
+) -> Result<Order, DbErr> {
     let order = orders::ActiveModel {
         status: Set(OrderStatus::PendingPayment.as_str().to_string()),
         pay_deadline_ms: Set(deadline.0),
@@ -120,12 +122,12 @@ async fn create_order(
     record(txn, &[id], "created", None, pending, Cause::Api, now, None).await?;
     let items = items
         .into_iter()
-        .map(|i| ItemView {
+        .map(|i| Item {
             sku: i.sku,
             quantity: i.quantity,
         })
         .collect();
-    Ok(view(order, items))
+    order_from(order, items)
 }
 
 /// Claims an idempotency key: the first statement of the checkout, so that a
@@ -158,15 +160,11 @@ async fn claim_key(
 async fn settle_key(
     txn: &DatabaseTransaction,
     key: &IdempotencyKey,
-    created: &OrderView,
+    order: OrderId,
+    answer: String,
 ) -> Result<(), DbErr> {
-    let answer = serde_json::to_string(created)
-        .map_err(|e| DbErr::Custom(format!("cannot encode the order: {e}")))?;
     idempotency_keys::Entity::update_many()
-        .col_expr(
-            idempotency_keys::Column::OrderId,
-            Expr::value(created.id.get()),
-        )
+        .col_expr(idempotency_keys::Column::OrderId, Expr::value(order.get()))
         .col_expr(idempotency_keys::Column::Answer, Expr::value(answer))
         .filter(idempotency_keys::Column::Key.eq(key.key.as_str()))
         .exec(txn)

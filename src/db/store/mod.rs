@@ -24,7 +24,6 @@ use sea_orm::{
     DatabaseTransaction, DbBackend, DbErr, EntityTrait, IsolationLevel, PaginatorTrait,
     QueryFilter, QueryOrder, QuerySelect, Set, SqlErr, TransactionTrait,
 };
-use serde::Serialize;
 
 use super::entities::{idempotency_keys, inventory, order_events, order_items, orders, outbox};
 use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
@@ -47,7 +46,7 @@ pub use publishing::{
     outbox_refused, outbox_release, outbox_set_aside,
 };
 pub use reads::{audit, get_order};
-use reads::{load, view};
+use reads::{load, order_from};
 use stock::{Stock, lock_orders, lock_stock, move_stock};
 pub use stock::{get_stock, put_stock};
 
@@ -66,8 +65,9 @@ pub struct NewItem {
     pub quantity: i64,
 }
 
-/// A checkout's `Idempotency-Key` with the request it came with.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A checkout's `Idempotency-Key` with the request it came with, and how
+/// the caller words the answer a retry with the key gets again.
+#[derive(Debug, Clone)]
 pub struct IdempotencyKey {
     /// The client's key (1 to 255 visible ASCII characters, checked by the API).
     pub key: String,
@@ -78,107 +78,95 @@ pub struct IdempotencyKey {
     /// order of lines or a window spelled differently do not make two
     /// requests differ.
     pub request: String,
+    /// The body of the answer that created the order (the API's JSON),
+    /// stored with the key in the checkout's transaction.
+    pub answer: fn(&Order) -> Result<String, serde_json::Error>,
 }
 
 impl IdempotencyKey {
-    /// The key of a checkout of `items` with this effective payment `window`.
-    pub fn new(key: String, items: &[NewItem], window: Duration) -> Self {
+    /// The key of a checkout of `items` with this effective payment `window`,
+    /// whose order is answered as `answer` words it.
+    pub fn new(
+        key: String,
+        items: &[NewItem],
+        window: Duration,
+        answer: fn(&Order) -> Result<String, serde_json::Error>,
+    ) -> Self {
         let mut lines: Vec<String> = items
             .iter()
             .map(|i| format!("{}*{}", i.sku, i.quantity))
             .collect();
         lines.sort();
         let request = format!("window={}ms items={}", window.as_millis(), lines.join(","));
-        Self { key, request }
+        Self {
+            key,
+            request,
+            answer,
+        }
     }
 }
 
-/// One line of an order, as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct ItemView {
+/// One line of an order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
     /// The SKU.
     pub sku: String,
     /// How many.
     pub quantity: i64,
 }
 
-/// An order as the API shows it. Later deadlines and timestamps appear once they exist.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct OrderView {
-    /// The id, as a string.
-    #[schema(value_type = String, example = "42")]
+/// An order as stored: its row, typed, and its items (by SKU). The HTTP API
+/// decides how it is shown (`http::orders::OrderView`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    /// The id.
     pub id: OrderId,
     /// Current status.
-    #[schema(value_type = String, example = "pending_payment")]
     pub status: OrderStatus,
-    /// What was ordered.
-    pub items: Vec<ItemView>,
+    /// What was ordered, by SKU.
+    pub items: Vec<Item>,
     /// End of the payment window.
-    #[schema(value_type = String, format = DateTime)]
     pub pay_deadline: Millis,
     /// Checkout time.
-    #[schema(value_type = String, format = DateTime)]
     pub created_at: Millis,
     /// Last change.
-    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Millis,
     /// Incremented by every transition.
     pub version: i32,
     /// Payment time.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
     pub paid_at: Option<Millis>,
     /// End of the fulfillment window.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
     pub ship_deadline: Option<Millis>,
     /// When the fulfillment timeout found it unshipped.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
     pub fulfillment_overdue_at: Option<Millis>,
     /// Shipping time.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
     pub shipped_at: Option<Millis>,
     /// End of the receipt window.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
     pub confirm_deadline: Option<Millis>,
     /// Completion time.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
     pub completed_at: Option<Millis>,
     /// Cancellation time.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
     pub cancelled_at: Option<Millis>,
-    /// When a payment first came after a timeout had cancelled the order: a
-    /// refund is due. Recorded once, however often the client retries.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    /// When a payment first came after a timeout had cancelled the order.
     pub late_payment_at: Option<Millis>,
-    /// The audit trail, oldest first, when asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub audit: Option<Vec<AuditView>>,
+    /// The audit trail, oldest first, when it was asked for.
+    pub audit: Option<Vec<AuditEntry>>,
 }
 
-/// One audit-trail entry as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct AuditView {
+/// One audit-trail entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
     /// What happened.
     pub event: String,
     /// Status before (absent for `created`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
     /// Status after.
     pub to: String,
     /// `api`, `timeout` or `sweeper`.
     pub cause: String,
     /// When.
-    #[schema(value_type = String, format = DateTime)]
     pub at: Millis,
     /// More to say, if anything.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
 
@@ -206,9 +194,9 @@ impl Cause {
 
 pub use crate::domain::Action;
 
-/// Stock of one SKU, as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct StockView {
+/// Stock of one SKU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkuStock {
     /// The SKU.
     pub sku: String,
     /// On sale.
@@ -262,7 +250,7 @@ pub enum TransitionError {
     #[error("order {} is {}: {reason}", .order.id, .order.status)]
     Conflict {
         /// The order as it is now.
-        order: Box<OrderView>,
+        order: Box<Order>,
         /// Why, for the error message.
         reason: String,
         /// This refused payment is the order's late payment, recorded now (the
@@ -350,3 +338,6 @@ async fn record(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

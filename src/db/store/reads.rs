@@ -1,4 +1,4 @@
-//! Reading an order, its items and its audit trail, as the API shows them.
+//! Reading an order, its items and its audit trail.
 
 use super::*;
 
@@ -7,7 +7,7 @@ pub async fn get_order(
     db: &DatabaseConnection,
     id: OrderId,
     with_audit: bool,
-) -> Result<Option<OrderView>, DbErr> {
+) -> Result<Option<Order>, DbErr> {
     let Some(mut order) = load(db, id).await? else {
         return Ok(None);
     };
@@ -18,14 +18,14 @@ pub async fn get_order(
 }
 
 /// An order's audit trail, oldest first.
-pub async fn audit<C: ConnectionTrait>(db: &C, id: OrderId) -> Result<Vec<AuditView>, DbErr> {
+pub async fn audit<C: ConnectionTrait>(db: &C, id: OrderId) -> Result<Vec<AuditEntry>, DbErr> {
     Ok(order_events::Entity::find()
         .filter(order_events::Column::OrderId.eq(id.get()))
         .order_by_asc(order_events::Column::Id)
         .all(db)
         .await?
         .into_iter()
-        .map(|e| AuditView {
+        .map(|e| AuditEntry {
             event: e.event,
             from: e.from_status,
             to: e.to_status,
@@ -36,10 +36,7 @@ pub async fn audit<C: ConnectionTrait>(db: &C, id: OrderId) -> Result<Vec<AuditV
         .collect())
 }
 
-pub(super) async fn load<C: ConnectionTrait>(
-    db: &C,
-    id: OrderId,
-) -> Result<Option<OrderView>, DbErr> {
+pub(super) async fn load<C: ConnectionTrait>(db: &C, id: OrderId) -> Result<Option<Order>, DbErr> {
     let Some(order) = orders::Entity::find_by_id(id.get()).one(db).await? else {
         return Ok(None);
     };
@@ -49,19 +46,20 @@ pub(super) async fn load<C: ConnectionTrait>(
         .all(db)
         .await?
         .into_iter()
-        .map(|i| ItemView {
+        .map(|i| Item {
             sku: i.sku,
             quantity: i.quantity,
         })
         .collect();
-    Ok(Some(view(order, items)))
+    order_from(order, items).map(Some)
 }
 
-pub(super) fn view(o: orders::Model, items: Vec<ItemView>) -> OrderView {
-    OrderView {
+/// The typed order of a row; a status no version of this service writes is
+/// an error (a corrupt row), never shown as some other status.
+pub(super) fn order_from(o: orders::Model, items: Vec<Item>) -> Result<Order, DbErr> {
+    Ok(Order {
         id: OrderId::new(o.id),
-        // Rows are only written by this module, with valid statuses.
-        status: o.status.parse().unwrap_or(OrderStatus::PendingPayment),
+        status: parse_status(&o.status)?,
         items,
         pay_deadline: Millis(o.pay_deadline_ms),
         created_at: Millis(o.created_at_ms),
@@ -76,5 +74,5 @@ pub(super) fn view(o: orders::Model, items: Vec<ItemView>) -> OrderView {
         completed_at: o.completed_at_ms.map(Millis),
         cancelled_at: o.cancelled_at_ms.map(Millis),
         audit: None,
-    }
+    })
 }

@@ -10,7 +10,7 @@ pub async fn put_stock(
     sku: &str,
     available: i64,
     now: Millis,
-) -> Result<StockView, DbErr> {
+) -> Result<SkuStock, DbErr> {
     let row = inventory::ActiveModel {
         sku: Set(sku.to_string()),
         available: Set(available),
@@ -32,11 +32,11 @@ pub async fn put_stock(
 }
 
 /// One SKU's stock.
-pub async fn get_stock<C: ConnectionTrait>(db: &C, sku: &str) -> Result<Option<StockView>, DbErr> {
+pub async fn get_stock<C: ConnectionTrait>(db: &C, sku: &str) -> Result<Option<SkuStock>, DbErr> {
     Ok(inventory::Entity::find_by_id(sku.to_string())
         .one(db)
         .await?
-        .map(|m| StockView {
+        .map(|m| SkuStock {
             sku: m.sku,
             available: m.available,
             reserved: m.reserved,

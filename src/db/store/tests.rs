@@ -1,0 +1,213 @@
+//! The transactions on an in-memory SQLite database (the real SQL, every
+//! migration applied): what each family writes, and what it refuses.
+//! PostgreSQL and MariaDB run the same code in the integration tests.
+
+use super::*;
+
+async fn db() -> DatabaseConnection {
+    let mut options = sea_orm::ConnectOptions::new("sqlite::memory:");
+    // An in-memory database exists once per connection.
+    options.max_connections(1).sqlx_logging(false);
+    let db = sea_orm::Database::connect(options).await.unwrap();
+    crate::db::migrate(&db).await.unwrap();
+    db
+}
+
+fn windows() -> Windows {
+    Windows {
+        payment: Duration::from_secs(60),
+        fulfillment: Duration::from_secs(60),
+        receipt: Duration::from_secs(60),
+        max_payment: Duration::from_secs(600),
+    }
+}
+
+fn line(sku: &str, quantity: i64) -> NewItem {
+    NewItem {
+        sku: sku.into(),
+        quantity,
+    }
+}
+
+async fn stock(db: &DatabaseConnection, sku: &str) -> (i64, i64, i64) {
+    let s = get_stock(db, sku).await.unwrap().unwrap();
+    (s.available, s.reserved, s.sold)
+}
+
+#[tokio::test]
+async fn checkout_reserves_every_line_or_nothing() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 5, now).await.unwrap();
+    put_stock(&db, "B", 1, now).await.unwrap();
+    let short = checkout(
+        &db,
+        &[line("A", 2), line("B", 2)],
+        Duration::from_secs(1),
+        now,
+        None,
+    )
+    .await;
+    assert!(matches!(
+        short,
+        Err(CheckoutError::InsufficientStock { ref sku, requested: 2, available: 1 }) if sku == "B"
+    ));
+    assert_eq!(
+        stock(&db, "A").await,
+        (5, 0, 0),
+        "the short line rolled back the other"
+    );
+    let order = checkout(
+        &db,
+        &[line("B", 1), line("A", 2)],
+        Duration::from_secs(1),
+        now,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(order.status, OrderStatus::PendingPayment);
+    assert_eq!(order.pay_deadline, Millis(1_001_000));
+    let skus: Vec<&str> = order.items.iter().map(|i| i.sku.as_str()).collect();
+    assert_eq!(skus, ["A", "B"], "items in SKU order");
+    assert_eq!(stock(&db, "A").await, (3, 2, 0));
+    let claimed = outbox_claim(&db, 10, now).await.unwrap();
+    assert_eq!(claimed.len(), 1, "one payment timeout in the outbox");
+    assert_eq!(claimed[0].kind, "payment");
+    assert_eq!(claimed[0].due_at_ms, 1_001_000);
+}
+
+#[tokio::test]
+async fn a_key_replays_its_first_answer_and_refuses_another_request() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 5, now).await.unwrap();
+    let answer = |o: &Order| Ok(format!("order {} v{}", o.id, o.version));
+    let items = [line("A", 1)];
+    let key = IdempotencyKey::new("k1".into(), &items, Duration::from_secs(1), answer);
+    let first = checkout(&db, &items, Duration::from_secs(1), now, Some(&key))
+        .await
+        .unwrap();
+    match checkout(&db, &items, Duration::from_secs(1), now, Some(&key)).await {
+        Err(CheckoutError::Replay { order, answer }) => {
+            assert_eq!(order, first.id);
+            assert_eq!(answer, format!("order {} v0", first.id));
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    let other = IdempotencyKey::new("k1".into(), &[line("A", 2)], Duration::from_secs(1), answer);
+    assert!(matches!(
+        checkout(
+            &db,
+            &[line("A", 2)],
+            Duration::from_secs(1),
+            now,
+            Some(&other)
+        )
+        .await,
+        Err(CheckoutError::KeyReused)
+    ));
+    assert_eq!(stock(&db, "A").await, (4, 1, 0), "only the first reserved");
+}
+
+#[tokio::test]
+async fn a_timeout_applies_once_and_only_after_the_deadline() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 5, now).await.unwrap();
+    let order = checkout(&db, &[line("A", 2)], Duration::from_secs(1), now, None)
+        .await
+        .unwrap();
+    let early = expire(&db, TimeoutKind::Payment, &[order.id], now, Cause::Timeout)
+        .await
+        .unwrap();
+    assert_eq!(
+        early[&order.id],
+        ExpiryOutcome::NotDue {
+            deadline: Millis(1_001_000)
+        }
+    );
+    let due = Millis(1_001_000);
+    let first = expire(&db, TimeoutKind::Payment, &[order.id], due, Cause::Timeout)
+        .await
+        .unwrap();
+    assert_eq!(first[&order.id], ExpiryOutcome::Applied { deadline: due });
+    let again = expire(&db, TimeoutKind::Payment, &[order.id], due, Cause::Timeout)
+        .await
+        .unwrap();
+    assert_eq!(
+        again[&order.id],
+        ExpiryOutcome::Inapplicable {
+            status: OrderStatus::Cancelled
+        }
+    );
+    assert_eq!(stock(&db, "A").await, (5, 0, 0), "released once");
+    let unknown = OrderId::new(order.id.get() + 1);
+    let missing = expire(&db, TimeoutKind::Payment, &[unknown], due, Cause::Timeout)
+        .await
+        .unwrap();
+    assert_eq!(missing[&unknown], ExpiryOutcome::NotFound);
+    let audit = get_order(&db, order.id, true)
+        .await
+        .unwrap()
+        .unwrap()
+        .audit
+        .unwrap();
+    let events: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|e| (e.event.as_str(), e.cause.as_str()))
+        .collect();
+    assert_eq!(events, [("created", "api"), ("cancelled", "timeout")]);
+}
+
+#[tokio::test]
+async fn a_payment_after_the_deadline_cancels_and_is_recorded_once() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 5, now).await.unwrap();
+    let order = checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+        .await
+        .unwrap();
+    let late = Millis(1_002_000);
+    for attempt in 0..2 {
+        match act(&db, order.id, Action::Pay, &windows(), late).await {
+            Err(TransitionError::Conflict {
+                order,
+                late_payment,
+                ..
+            }) => {
+                assert_eq!(order.status, OrderStatus::Cancelled);
+                assert_eq!(late_payment, attempt == 0, "recorded the first time only");
+                assert_eq!(order.late_payment_at, Some(late));
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+    }
+    assert_eq!(stock(&db, "A").await, (5, 0, 0));
+    let paid = checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+        .await
+        .unwrap();
+    let paid = act(&db, paid.id, Action::Pay, &windows(), now)
+        .await
+        .unwrap();
+    assert_eq!(paid.status, OrderStatus::Paid);
+    assert_eq!(paid.ship_deadline, Some(Millis(1_060_000)));
+    assert_eq!(stock(&db, "A").await, (4, 0, 1));
+}
+
+#[tokio::test]
+async fn a_corrupt_status_is_an_error_not_another_status() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 5, now).await.unwrap();
+    let order = checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+        .await
+        .unwrap();
+    orders::Entity::update_many()
+        .col_expr(orders::Column::Status, Expr::value("lost"))
+        .exec(&db)
+        .await
+        .unwrap();
+    let err = get_order(&db, order.id, false).await.unwrap_err();
+    assert!(err.to_string().contains("corrupt order row"), "{err}");
+}
