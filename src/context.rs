@@ -10,7 +10,7 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::{Notify, OnceCell};
 
 use crate::amqp::topology::{Mode, Names};
-use crate::metrics::Events;
+use crate::events::Events;
 use crate::settings::Settings;
 
 /// A connection of the service to the broker, one per role.

@@ -6,15 +6,15 @@
 //! The map of the crate, one line per module, from the bottom up:
 //! - [`domain`]: ids, statuses, the order state diagram as one table, timeout kinds, time;
 //! - [`settings`]: typed, validated configuration (defaults, TOML file, environment);
+//! - [`http_client`]: a small JSON client (the broker's management API, `demo`);
 //! - [`db`]: the connection, entities, and every transaction by family ([`db::store`]);
-//! - [`metrics`]: every event, counted and logged in one place;
+//! - [`events`]: every event, logged and counted in one place, and the metrics table;
 //! - [`context`]: what the components share (settings, pools, events, health, roles);
 //! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
 //! - [`auth`]: bearer tokens, their scopes, and what each route needs;
 //! - [`http`]: the JSON API and its OpenAPI document;
 //! - [`server`]: serving the API with timeouts and caps;
-//! - [`http_client`]: a small JSON client (the broker's management API, `demo`);
 //! - [`telemetry`]: log output;
 //! - [`app`]: build and run every component, and shut them down;
 //! - [`doctor`]: the `doctor` subcommand's checks;
@@ -30,9 +30,9 @@ pub mod db;
 pub mod demo;
 pub mod doctor;
 pub mod domain;
+pub mod events;
 pub mod http;
 pub mod http_client;
-pub mod metrics;
 pub mod server;
 pub mod settings;
 pub mod sweeper;

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Events;
+use crate::events::Events;
 use crate::settings::HttpSettings;
 
 /// What an overloaded server asks clients to wait before trying again, in seconds.

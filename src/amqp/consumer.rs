@@ -67,7 +67,7 @@ pub async fn run(
                 shutdown_siblings(&conn).await;
             }
             Err(panic) => {
-                tracing::error!(error = %panic, "consumer task panicked");
+                ctx.events.task_panicked("consumer", &panic.to_string());
                 shutdown_siblings(&conn).await;
             }
         }

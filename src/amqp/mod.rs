@@ -164,7 +164,8 @@ pub async fn delay_mode(ctx: &Context) -> Result<Mode, lapin::Error> {
         .mode
         .get_or_try_init(|| async {
             let (mode, why) = resolve_mode(&ctx.settings.amqp, &ctx.names).await?;
-            tracing::info!(mode = mode.as_str(), reason = %why, "delay mode chosen");
+            ctx.events
+                .delay_mode_chosen(mode.as_str(), &why.to_string());
             Ok::<_, lapin::Error>((mode, why))
         })
         .await?;
@@ -330,8 +331,13 @@ pub async fn park_delivery(
     )
     .await?;
     delivery.acker.ack(Default::default()).await?;
-    ctx.events
-        .parked(park, by, delivery.routing_key.as_str(), kind);
+    ctx.events.parked(
+        park.reason.as_str(),
+        &park.detail,
+        by,
+        delivery.routing_key.as_str(),
+        kind,
+    );
     Ok(())
 }
 

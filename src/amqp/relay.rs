@@ -87,7 +87,7 @@ pub async fn run(
                 event = events.next() => match event {
                     Some(Event::Error(e)) => return Err(e.into()),
                     Some(Event::ConnectionBlocked(reason)) => {
-                        tracing::warn!(reason, "the broker blocked publishing (resource alarm)");
+                        ctx.events.publishing_blocked("relay", &reason);
                     }
                     Some(_) => {}
                     None => return Err(Error::ConnectionEnded),

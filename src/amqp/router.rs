@@ -108,7 +108,7 @@ pub async fn run(
         .await;
     while let Some(done) = in_flight.next().await {
         if let Err(e) = done {
-            tracing::debug!(error = %e, "in-flight route failed during stop");
+            ctx.events.route_abandoned(&e.to_string());
         }
     }
     result

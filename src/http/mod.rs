@@ -33,7 +33,7 @@ use crate::db::store::{
     self, Action, CheckoutError, IdempotencyKey, NewItem, Order, SkuStock, TransitionError,
 };
 use crate::domain::{Millis, OrderId, OrderStatus};
-use crate::metrics::Events;
+use crate::events::Events;
 use crate::settings::{Windows, parse_window};
 
 mod inventory;

@@ -1,255 +1,63 @@
 //! Events: every thing worth knowing that happens in the service, each logged and
 //! counted by one function, so a metric and its log line cannot drift apart.
-//! `/metrics` renders the registry in the Prometheus text format.
+//! `/metrics` renders the registry ([`metrics`]) in the Prometheus text format.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::{Metric, Registry};
+mod metrics;
 
-use crate::amqp::wire::Park;
+use metrics::Metrics;
+
 use crate::db::store::OutboxState;
 use crate::domain::{Action, Millis, OrderId, OrderStatus, TimeoutKind};
 
-type Labels1 = [(&'static str, &'static str); 1];
-type Labels2 = [(&'static str, &'static str); 2];
-
-/// Lateness buckets in seconds: from a millisecond to a minute.
-const LATENESS_BUCKETS: [f64; 14] = [
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
-
-/// The service's metrics and the event functions that feed them.
+/// The service's events: each function logs one thing that happened and
+/// counts it.
 pub struct Events {
-    registry: Registry,
-    timeouts: Family<Labels2, Counter>,
-    lateness: Family<Labels1, Histogram, fn() -> Histogram>,
-    deliveries: Family<Labels1, Counter>,
-    redeliveries: Family<Labels1, Counter>,
-    parked: Family<Labels2, Counter>,
-    sweeper_catches: Family<Labels1, Counter>,
-    orders_created: Counter,
-    checkouts_rejected: Family<Labels1, Counter>,
-    checkouts_replayed: Counter,
-    http_refused: Family<Labels1, Counter>,
-    actions: Family<Labels2, Counter>,
-    late_payments: Counter,
-    outbox_published: Counter,
-    outbox_publish_failures: Counter,
-    outbox_backlog: Gauge,
-    outbox_oldest_age: Gauge<f64, std::sync::atomic::AtomicU64>,
-    outbox_set_aside: Gauge,
-    consumer_pauses: Family<Labels1, Counter>,
-    broker_connects: Family<Labels1, Counter>,
-    broker_disconnects: Family<Labels1, Counter>,
-    held: Gauge,
-    redelayed: Family<Labels1, Counter>,
-    waiting_timers: Family<Labels1, Gauge>,
-    auth_refused: Family<Labels1, Counter>,
+    /// What is counted.
+    m: Metrics,
     /// Whether the last read of the delay stages failed (logged on change only).
     stages_unreadable: AtomicBool,
     /// Whether the last readiness check found the database down (logged on change only).
     database_unready: AtomicBool,
 }
 
-/// Registers `metric` under `name` and returns it: a metric is a handle, so
-/// the one kept here and the one in the registry count together.
-fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
-    registry.register(name, help, metric.clone());
-    metric
-}
-
-fn new_lateness_histogram() -> Histogram {
-    Histogram::new(LATENESS_BUCKETS)
-}
-
 impl Events {
-    /// A fresh registry (one per application, so tests do not share counters).
+    /// Fresh events and metrics (one per application, so tests do not share counters).
     pub fn new() -> Arc<Self> {
-        let mut registry = Registry::with_prefix("order_timeout");
-        // A table: one registration per metric, in the order /metrics lists them.
         let events = Self {
-            timeouts: registered(
-                &mut registry,
-                "timeouts_handled",
-                "Timeout messages handled, by kind and outcome (applied, not_applicable, not_yet_due, parked)",
-                Family::<Labels2, Counter>::default(),
-            ),
-            lateness: registered(
-                &mut registry,
-                "lateness_seconds",
-                "Time from an order's deadline to the committed transition, by kind",
-                Family::<Labels1, Histogram, fn() -> Histogram>::new_with_constructor(
-                    new_lateness_histogram,
-                ),
-            ),
-            deliveries: registered(
-                &mut registry,
-                "deliveries",
-                "Deliveries received, by queue role",
-                Family::<Labels1, Counter>::default(),
-            ),
-            redeliveries: registered(
-                &mut registry,
-                "redeliveries",
-                "Deliveries flagged redelivered by the broker, by queue role",
-                Family::<Labels1, Counter>::default(),
-            ),
-            parked: registered(
-                &mut registry,
-                "parked_messages",
-                "Messages parked, by reason and component",
-                Family::<Labels2, Counter>::default(),
-            ),
-            sweeper_catches: registered(
-                &mut registry,
-                "sweeper_catches",
-                "Orders the sweeper handled because no message did (a lost or late timer), by kind",
-                Family::<Labels1, Counter>::default(),
-            ),
-            orders_created: registered(
-                &mut registry,
-                "orders_created",
-                "Orders created at checkout",
-                Counter::default(),
-            ),
-            checkouts_rejected: registered(
-                &mut registry,
-                "checkouts_rejected",
-                "Checkouts refused, by reason",
-                Family::<Labels1, Counter>::default(),
-            ),
-            checkouts_replayed: registered(
-                &mut registry,
-                "checkouts_replayed",
-                "Checkouts answered with the order an earlier request with the same Idempotency-Key created",
-                Counter::default(),
-            ),
-            http_refused: registered(
-                &mut registry,
-                "http_requests_refused",
-                "HTTP requests answered 503 by the server's limits, by reason (overloaded, timeout)",
-                Family::<Labels1, Counter>::default(),
-            ),
-            actions: registered(
-                &mut registry,
-                "order_actions",
-                "Client actions (pay, ship, confirm, cancel), by outcome (done, refused)",
-                Family::<Labels2, Counter>::default(),
-            ),
-            late_payments: registered(
-                &mut registry,
-                "late_payments",
-                "Payments for orders already cancelled or past their window (a refund may be due)",
-                Counter::default(),
-            ),
-            outbox_published: registered(
-                &mut registry,
-                "outbox_published",
-                "Outbox rows published and confirmed by the broker",
-                Counter::default(),
-            ),
-            outbox_publish_failures: registered(
-                &mut registry,
-                "outbox_publish_failures",
-                "Outbox publishes not confirmed (retried)",
-                Counter::default(),
-            ),
-            outbox_backlog: registered(
-                &mut registry,
-                "outbox_backlog",
-                "Outbox rows waiting to be published",
-                Gauge::default(),
-            ),
-            outbox_oldest_age: registered(
-                &mut registry,
-                "outbox_oldest_age_seconds",
-                "Age of the oldest unpublished outbox row",
-                Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
-            ),
-            outbox_set_aside: registered(
-                &mut registry,
-                "outbox_set_aside",
-                "Outbox rows set aside for an operator (refused by the broker too often, or unpublishable); the sweeper still keeps their deadlines",
-                Gauge::default(),
-            ),
-            consumer_pauses: registered(
-                &mut registry,
-                "consumer_pauses",
-                "Times a component paused because the database failed, by role",
-                Family::<Labels1, Counter>::default(),
-            ),
-            broker_connects: registered(
-                &mut registry,
-                "broker_connects",
-                "Broker connections established, by role",
-                Family::<Labels1, Counter>::default(),
-            ),
-            broker_disconnects: registered(
-                &mut registry,
-                "broker_disconnects",
-                "Broker connections lost, by role",
-                Family::<Labels1, Counter>::default(),
-            ),
-            held: registered(
-                &mut registry,
-                "held_messages",
-                "Early messages held in memory until their deadline",
-                Gauge::default(),
-            ),
-            redelayed: registered(
-                &mut registry,
-                "redelayed_messages",
-                "Early messages sent back to wait, by kind",
-                Family::<Labels1, Counter>::default(),
-            ),
-            waiting_timers: registered(
-                &mut registry,
-                "waiting_timers",
-                "Timers waiting in each delay stage that exists in the vhost (ttl: the level queues; plugin: the delayed-message exchange), read from the broker's management API every 5 s; absent while it cannot be read",
-                Family::<Labels1, Gauge>::default(),
-            ),
-            auth_refused: registered(
-                &mut registry,
-                "http_auth_refused",
-                "HTTP requests refused before any handler ran, by reason (missing_token, invalid_token, insufficient_scope)",
-                Family::<Labels1, Counter>::default(),
-            ),
-            registry,
+            m: Metrics::new(),
             stages_unreadable: AtomicBool::new(false),
             database_unready: AtomicBool::new(false),
         };
-        // Both series exist from the start, so a rate over them is never empty.
+        // These series exist from the start, at zero, so a rate or an alert
+        // over them is never empty.
         for reason in ["overloaded", "timeout"] {
-            let _ = events.http_refused.get_or_create(&[("reason", reason)]);
+            let _ = events.m.http_refused.get_or_create(&[("reason", reason)]);
         }
+        let _ = events.m.blocked.get_or_create(&[("role", "relay")]);
+        let _ = events.m.task_panics.get_or_create(&[("role", "consumer")]);
         Arc::new(events)
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+        self.m.render()
     }
 
     /// A checkout created an order.
     pub fn order_created(&self, id: OrderId, deadline: &str) {
-        self.orders_created.inc();
+        self.m.orders_created.inc();
         tracing::debug!(order_id = %id, pay_deadline = deadline, "order created");
     }
 
     /// A checkout was refused (`insufficient_stock`, `unknown_sku`,
     /// `idempotency_key_reused`).
     pub fn checkout_rejected(&self, reason: &'static str, detail: &str) {
-        self.checkouts_rejected
+        self.m
+            .checkouts_rejected
             .get_or_create(&[("reason", reason)])
             .inc();
         tracing::info!(reason, detail, "checkout refused");
@@ -258,7 +66,7 @@ impl Events {
     /// A checkout with an Idempotency-Key already used for the same request
     /// was answered with the order that request created; nothing was reserved.
     pub fn checkout_replayed(&self, id: OrderId) {
-        self.checkouts_replayed.inc();
+        self.m.checkouts_replayed.inc();
         tracing::info!(order_id = %id, "checkout replayed for its idempotency key");
     }
 
@@ -266,7 +74,10 @@ impl Events {
     /// answered at once) or `timeout` (it took longer than
     /// `http.request_timeout` and was dropped).
     pub fn request_refused(&self, reason: &'static str, path: &str) {
-        self.http_refused.get_or_create(&[("reason", reason)]).inc();
+        self.m
+            .http_refused
+            .get_or_create(&[("reason", reason)])
+            .inc();
         if reason == "timeout" {
             tracing::warn!(reason, path, "HTTP request timed out");
         } else {
@@ -277,7 +88,8 @@ impl Events {
 
     /// A client's action changed an order.
     pub fn order_changed(&self, id: OrderId, action: Action) {
-        self.actions
+        self.m
+            .actions
             .get_or_create(&[("action", action.as_str()), ("outcome", "done")])
             .inc();
         tracing::info!(order_id = %id, action = action.as_str(), outcome = "done", "order changed");
@@ -294,11 +106,12 @@ impl Events {
         status: OrderStatus,
         late_payment: bool,
     ) {
-        self.actions
+        self.m
+            .actions
             .get_or_create(&[("action", action.as_str()), ("outcome", "refused")])
             .inc();
         if late_payment {
-            self.late_payments.inc();
+            self.m.late_payments.inc();
             tracing::warn!(order_id = %id, status = status.as_str(), outcome = "late_payment", "late payment for a cancelled order; refund it");
         } else {
             tracing::info!(order_id = %id, action = action.as_str(), status = status.as_str(), outcome = "refused", "action refused");
@@ -309,7 +122,10 @@ impl Events {
     /// itself: a wrong one may be a real one of another system, or a typo of
     /// ours). Logged at debug: anyone who reaches the port can cause it.
     pub fn auth_refused(&self, reason: &'static str, method: &str, path: &str) {
-        self.auth_refused.get_or_create(&[("reason", reason)]).inc();
+        self.m
+            .auth_refused
+            .get_or_create(&[("reason", reason)])
+            .inc();
         tracing::debug!(
             reason,
             method,
@@ -320,9 +136,9 @@ impl Events {
 
     /// A delivery arrived on a queue role (`ingest`, `payment`, …).
     pub fn delivery(&self, role: &'static str, redelivered: bool) {
-        self.deliveries.get_or_create(&[("queue", role)]).inc();
+        self.m.deliveries.get_or_create(&[("queue", role)]).inc();
         if redelivered {
-            self.redeliveries.get_or_create(&[("queue", role)]).inc();
+            self.m.redeliveries.get_or_create(&[("queue", role)]).inc();
         }
     }
 
@@ -334,10 +150,12 @@ impl Events {
         lateness_ms: i64,
         by: &'static str,
     ) {
-        self.timeouts
+        self.m
+            .timeouts
             .get_or_create(&[("kind", kind.as_str()), ("outcome", "applied")])
             .inc();
-        self.lateness
+        self.m
+            .lateness
             .get_or_create(&[("kind", kind.as_str())])
             .observe(lateness_ms.max(0) as f64 / 1000.0);
         tracing::info!(order_id = %id, kind = kind.as_str(), lateness_ms, by, outcome = "applied", "timeout applied");
@@ -345,7 +163,8 @@ impl Events {
 
     /// A timeout found nothing to do (the order moved on, or a duplicate message).
     pub fn timeout_not_applicable(&self, kind: TimeoutKind, id: OrderId, status: &str) {
-        self.timeouts
+        self.m
+            .timeouts
             .get_or_create(&[("kind", kind.as_str()), ("outcome", "not_applicable")])
             .inc();
         tracing::debug!(order_id = %id, kind = kind.as_str(), status, outcome = "not_applicable", "timeout not applicable");
@@ -353,11 +172,13 @@ impl Events {
 
     /// A timeout arrived before the deadline in the database.
     pub fn timeout_early(&self, kind: TimeoutKind, id: OrderId, remaining: Duration, held: bool) {
-        self.timeouts
+        self.m
+            .timeouts
             .get_or_create(&[("kind", kind.as_str()), ("outcome", "not_yet_due")])
             .inc();
         if !held {
-            self.redelayed
+            self.m
+                .redelayed
                 .get_or_create(&[("kind", kind.as_str())])
                 .inc();
         }
@@ -373,31 +194,35 @@ impl Events {
 
     /// Messages held in memory right now.
     pub fn held_changed(&self, delta: i64) {
-        self.held.inc_by(delta);
+        self.m.held.inc_by(delta);
     }
 
     /// A message was parked.
     pub fn parked(
         &self,
-        park: &Park,
+        reason: &'static str,
+        detail: &str,
         by: &'static str,
         routing_key: &str,
         kind: Option<TimeoutKind>,
     ) {
-        self.parked
-            .get_or_create(&[("reason", park.reason.as_str()), ("by", by)])
+        self.m
+            .parked
+            .get_or_create(&[("reason", reason), ("by", by)])
             .inc();
         if let Some(kind) = kind {
-            self.timeouts
+            self.m
+                .timeouts
                 .get_or_create(&[("kind", kind.as_str()), ("outcome", "parked")])
                 .inc();
         }
-        tracing::warn!(reason = park.reason.as_str(), detail = %park.detail, by, routing_key, "message parked");
+        tracing::warn!(reason, detail, by, routing_key, "message parked");
     }
 
     /// The sweeper applied a transition no message had applied.
     pub fn sweeper_catch(&self, kind: TimeoutKind, id: OrderId, lateness_ms: i64) {
-        self.sweeper_catches
+        self.m
+            .sweeper_catches
             .get_or_create(&[("kind", kind.as_str())])
             .inc();
         self.timeout_applied(kind, id, lateness_ms, "sweeper");
@@ -406,19 +231,19 @@ impl Events {
 
     /// Outbox rows were published and confirmed.
     pub fn outbox_published(&self, n: u64) {
-        self.outbox_published.inc_by(n);
+        self.m.outbox_published.inc_by(n);
         tracing::debug!(rows = n, "outbox rows published");
     }
 
     /// Outbox rows were not confirmed; they are tried again after a wait.
     pub fn outbox_failed(&self, n: u64, error: &str) {
-        self.outbox_publish_failures.inc_by(n);
+        self.m.outbox_publish_failures.inc_by(n);
         tracing::warn!(rows = n, error, "outbox publish not confirmed; will retry");
     }
 
     /// Outbox rows were set aside; no relay takes them again.
     pub fn outbox_set_aside(&self, ids: &[i64], reason: &str) {
-        self.outbox_set_aside.inc_by(ids.len() as i64);
+        self.m.outbox_set_aside.inc_by(ids.len() as i64);
         tracing::error!(
             outbox_ids = ?ids,
             reason,
@@ -428,10 +253,10 @@ impl Events {
 
     /// The outbox now.
     pub fn outbox_backlog(&self, state: OutboxState, now: Millis) {
-        self.outbox_backlog.set(state.waiting as i64);
+        self.m.outbox_backlog.set(state.waiting as i64);
         let age = state.oldest.map(|o| now.since(o)).unwrap_or_default();
-        self.outbox_oldest_age.set(age.as_secs_f64());
-        self.outbox_set_aside.set(state.set_aside as i64);
+        self.m.outbox_oldest_age.set(age.as_secs_f64());
+        self.m.outbox_set_aside.set(state.set_aside as i64);
     }
 
     /// The database answered but refused a batch of `size` timeouts: it is
@@ -466,7 +291,10 @@ impl Events {
 
     /// The database failed; `role` pauses for `backoff`.
     pub fn paused(&self, role: &'static str, error: &str, backoff: Duration) {
-        self.consumer_pauses.get_or_create(&[("role", role)]).inc();
+        self.m
+            .consumer_pauses
+            .get_or_create(&[("role", role)])
+            .inc();
         tracing::warn!(
             role,
             error,
@@ -480,12 +308,13 @@ impl Events {
         for (stage, timers) in [("ttl", ttl), ("plugin", plugin)] {
             match timers {
                 Some(n) => {
-                    self.waiting_timers
+                    self.m
+                        .waiting_timers
                         .get_or_create(&[("stage", stage)])
                         .set(i64::try_from(n).unwrap_or(i64::MAX));
                 }
                 None => {
-                    self.waiting_timers.remove(&[("stage", stage)]);
+                    self.m.waiting_timers.remove(&[("stage", stage)]);
                 }
             }
         }
@@ -496,7 +325,7 @@ impl Events {
 
     /// The delay stages could not be read from the management API at `base`.
     pub fn stages_unreadable(&self, base: &str, error: &str) {
-        self.waiting_timers.clear();
+        self.m.waiting_timers.clear();
         if !self.stages_unreadable.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 management_api = base,
@@ -525,13 +354,17 @@ impl Events {
 
     /// A broker connection is up.
     pub fn broker_connected(&self, role: &'static str, name: &str) {
-        self.broker_connects.get_or_create(&[("role", role)]).inc();
+        self.m
+            .broker_connects
+            .get_or_create(&[("role", role)])
+            .inc();
         tracing::info!(role, connection = name, "connected to the broker");
     }
 
     /// A broker connection was lost or could not be made.
     pub fn broker_lost(&self, role: &'static str, error: &str, retry_in: Duration) {
-        self.broker_disconnects
+        self.m
+            .broker_disconnects
             .get_or_create(&[("role", role)])
             .inc();
         tracing::warn!(
@@ -540,5 +373,35 @@ impl Events {
             retry_in_ms = retry_in.as_millis() as u64,
             "broker connection lost; reconnecting"
         );
+    }
+
+    /// The delay mode was chosen, at start-up, once per process.
+    pub fn delay_mode_chosen(&self, mode: &'static str, reason: &str) {
+        self.m.delay_mode.get_or_create(&[("mode", mode)]).set(1);
+        tracing::info!(mode, reason, "delay mode chosen");
+    }
+
+    /// The broker blocked a connection's publishing (a resource alarm); its
+    /// publishes wait until the alarm clears.
+    pub fn publishing_blocked(&self, role: &'static str, reason: &str) {
+        self.m.blocked.get_or_create(&[("role", role)]).inc();
+        tracing::warn!(
+            role,
+            reason,
+            "the broker blocked publishing (resource alarm)"
+        );
+    }
+
+    /// A task of a role panicked: a bug. Its siblings stop and the role
+    /// reconnects; what the task held unacked is redelivered.
+    pub fn task_panicked(&self, role: &'static str, error: &str) {
+        self.m.task_panics.get_or_create(&[("role", role)]).inc();
+        tracing::error!(role, error, "task panicked");
+    }
+
+    /// A message the router had in flight failed while it stopped. Not
+    /// counted: unacked, the broker delivers it again, so nothing is lost.
+    pub fn route_abandoned(&self, error: &str) {
+        tracing::debug!(error, "in-flight route failed during stop");
     }
 }
