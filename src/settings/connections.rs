@@ -192,7 +192,12 @@ pub(super) fn read_pem(key: &str, path: &str) -> Result<Option<String>, Settings
     Ok(Some(text))
 }
 
-pub(super) fn default_instance() -> String {
+/// `amqp.instance`: the name given, or when empty this host's name and the
+/// process id, so that the broker tells apart two instances on one host.
+pub(super) fn instance_name(value: &str) -> String {
+    if !value.is_empty() {
+        return value.to_string();
+    }
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default();

@@ -1,25 +1,75 @@
-//! The layers: the TOML file and the environment read into dotted keys, and
-//! the check that every key is one the service knows.
+//! The layers: the built-in defaults, the TOML file and the environment,
+//! merged into one text value per dotted key, with the check that every key
+//! is one the service knows.
 
 use super::*;
 
-pub(super) fn check_known(key: &str, source_name: &str) -> Result<(), SettingsError> {
-    if DEFAULTS.iter().any(|(k, _)| *k == key) {
+/// Each key's text from the layer that set it last, and which layer that was.
+pub(super) struct Merged {
+    /// The text of every known key.
+    pub values: BTreeMap<String, String>,
+    /// Where each came from, for `doctor`.
+    pub sources: BTreeMap<String, Source>,
+}
+
+impl Merged {
+    /// A key's text; every known key has at least its default.
+    pub fn value(&self, key: &str) -> &str {
+        self.values.get(key).map(String::as_str).unwrap_or_default()
+    }
+}
+
+/// Reads the layers in order, later ones winning: the defaults of the key
+/// table, the file (`--config` or [`CONFIG_FILE_ENV`]), then the environment.
+pub(super) fn merge(source: &SettingsSource) -> Result<Merged, SettingsError> {
+    let env_map: HashMap<String, String> = match &source.env {
+        Some(map) => map.clone(),
+        None => std::env::vars().collect(),
+    };
+    let file = source
+        .file
+        .clone()
+        .or_else(|| env_map.get(CONFIG_FILE_ENV).map(PathBuf::from));
+    let mut merged = Merged {
+        values: keys()
+            .map(|k| (k.name.to_string(), k.default.to_string()))
+            .collect(),
+        sources: keys()
+            .map(|k| (k.name.to_string(), Source::Default))
+            .collect(),
+    };
+    if let Some(path) = &file {
+        for (key, value) in read_file(path)? {
+            check_known(&key, &format!("file {}", path.display()))?;
+            merged
+                .sources
+                .insert(key.clone(), Source::File(path.clone()));
+            merged.values.insert(key, value);
+        }
+    }
+    for (key, value, var) in read_env(&env_map)? {
+        check_known(&key, &format!("env {var}"))?;
+        merged.sources.insert(key.clone(), Source::Env(var));
+        merged.values.insert(key, value);
+    }
+    Ok(merged)
+}
+
+/// A key from a file or the environment must be in the table: a typo is
+/// refused, not silently ignored.
+fn check_known(key: &str, source_name: &str) -> Result<(), SettingsError> {
+    if keys().any(|k| k.name == key) {
         return Ok(());
     }
     Err(SettingsError::Unknown {
         key: key.to_string(),
         source_name: source_name.to_string(),
-        known: DEFAULTS
-            .iter()
-            .map(|(k, _)| *k)
-            .collect::<Vec<_>>()
-            .join(", "),
+        known: keys().map(|k| k.name).collect::<Vec<_>>().join(", "),
     })
 }
 
 /// Reads a TOML file into dotted keys with text values.
-pub(super) fn read_file(path: &Path) -> Result<Vec<(String, String)>, SettingsError> {
+fn read_file(path: &Path) -> Result<Vec<(String, String)>, SettingsError> {
     let text = std::fs::read_to_string(path).map_err(|e| SettingsError::File {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -42,7 +92,7 @@ pub(super) fn read_file(path: &Path) -> Result<Vec<(String, String)>, SettingsEr
     Ok(out)
 }
 
-pub(super) fn flatten(
+fn flatten(
     prefix: &str,
     table: config::Map<String, Value>,
     out: &mut Vec<(String, String)>,
@@ -69,9 +119,7 @@ pub(super) fn flatten(
 }
 
 /// Reads `ORDER_TIMEOUT__SECTION__KEY` variables into dotted keys.
-pub(super) fn read_env(
-    env: &HashMap<String, String>,
-) -> Result<Vec<(String, String, String)>, SettingsError> {
+fn read_env(env: &HashMap<String, String>) -> Result<Vec<(String, String, String)>, SettingsError> {
     // The config crate's Environment source does the prefix and separator work;
     // we feed it the map so tests never have to set process variables.
     let source = Environment::with_prefix(ENV_PREFIX)

@@ -5,6 +5,11 @@
 //! variables. Every value is read as text and parsed here, so that a wrong value
 //! stops start-up with a message naming its key, and an unknown key (a typo) is
 //! refused instead of silently ignored.
+//!
+//! Each key is one entry of the table in `keys.rs` (name, default and why,
+//! reader into its field, how `doctor` shows it); the defaults layer, the
+//! known-key check, [`Settings::load`] and [`Settings::describe`] all walk it.
+//! Checks across keys (`checks.rs`) run after their section's keys are read.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -33,6 +38,9 @@ pub enum DelayMode {
 }
 
 impl DelayMode {
+    /// Every mode, in the order an error lists them.
+    pub const ALL: [Self; 3] = [Self::Auto, Self::Plugin, Self::Ttl];
+
     /// The configuration spelling of the mode.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -52,6 +60,19 @@ pub enum QueueType {
     Quorum,
 }
 
+impl QueueType {
+    /// Every queue type, in the order an error lists them.
+    pub const ALL: [Self; 2] = [Self::Classic, Self::Quorum];
+
+    /// The configuration spelling of the queue type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Classic => "classic",
+            Self::Quorum => "quorum",
+        }
+    }
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -61,26 +82,37 @@ pub enum LogFormat {
     Json,
 }
 
+impl LogFormat {
+    /// Every format, in the order an error lists them.
+    pub const ALL: [Self; 2] = [Self::Pretty, Self::Json];
+
+    /// The configuration spelling of the format.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pretty => "pretty",
+            Self::Json => "json",
+        }
+    }
+}
+
+mod checks;
 mod connections;
-mod defaults;
+mod keys;
 mod layers;
 mod parse;
 mod secret;
-mod sections;
 #[cfg(test)]
 mod tests;
 
+use checks::{check_http, check_windows};
 pub use connections::scrub_url;
 use connections::{
-    default_instance, parse_amqp_url, parse_database_url, parse_management, parse_prefix, read_pem,
+    instance_name, parse_amqp_url, parse_database_url, parse_management, parse_prefix, read_pem,
 };
-use defaults::DEFAULTS;
-use layers::{check_known, read_env, read_file};
-use parse::{non_empty, parse_bool, parse_range};
-pub use parse::{parse_duration, parse_window};
+use keys::{SECTIONS, keys};
+pub use parse::{MIN_TOKEN_LEN, parse_duration, parse_tokens, parse_window};
+use parse::{non_empty, parse_bind, parse_bool, parse_choice, parse_log_level, parse_range};
 pub use secret::{Secret, redact_url};
-pub use sections::{MIN_TOKEN_LEN, parse_tokens};
-use sections::{describe_tokens, parse_http, parse_windows};
 
 /// `database.*`
 #[derive(Debug, Clone)]
@@ -313,261 +345,33 @@ pub struct SettingsSource {
 }
 
 impl Settings {
-    /// Loads the layers and validates every key.
+    /// Loads the layers and reads every key of the table in order, each
+    /// section's cross-key checks right after its keys; the first wrong value
+    /// stops it, named.
     pub fn load(source: &SettingsSource) -> Result<Self, SettingsError> {
-        let env_map: HashMap<String, String> = match &source.env {
-            Some(map) => map.clone(),
-            None => std::env::vars().collect(),
-        };
-        let file = source
-            .file
-            .clone()
-            .or_else(|| env_map.get(CONFIG_FILE_ENV).map(PathBuf::from));
-        let mut values: BTreeMap<String, String> = DEFAULTS
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let mut sources: BTreeMap<String, Source> = DEFAULTS
-            .iter()
-            .map(|(k, _)| (k.to_string(), Source::Default))
-            .collect();
-        if let Some(path) = &file {
-            for (key, value) in read_file(path)? {
-                check_known(&key, &format!("file {}", path.display()))?;
-                sources.insert(key.clone(), Source::File(path.clone()));
-                values.insert(key, value);
+        let merged = layers::merge(source)?;
+        let mut settings = Settings::unread(merged.sources.clone());
+        for section in SECTIONS {
+            for key in section.keys {
+                (key.read)(key.name, merged.value(key.name), &mut settings)?;
+            }
+            if let Some(check) = section.check {
+                check(&settings)?;
             }
         }
-        for (key, value, var) in read_env(&env_map)? {
-            check_known(&key, &format!("env {var}"))?;
-            sources.insert(key.clone(), Source::Env(var));
-            values.insert(key, value);
-        }
-        let v = Values(&values);
-        Ok(Settings {
-            database: database(&v)?,
-            amqp: amqp(&v)?,
-            http: parse_http(|k| v.raw(k))?,
-            windows: parse_windows(|k| v.raw(k))?,
-            consumer: ConsumerSettings {
-                batch_size: v.range("consumer.batch_size", 1, MAX_BATCH as usize)?,
-                batch_wait: v.duration(
-                    "consumer.batch_wait",
-                    Duration::ZERO,
-                    Duration::from_secs(1),
-                )?,
-                hold_max: v.duration(
-                    "consumer.hold_max",
-                    Duration::ZERO,
-                    Duration::from_secs(60),
-                )?,
-            },
-            relay: RelaySettings {
-                enabled: v.bool("relay.enabled")?,
-                batch_size: v.range("relay.batch_size", 1, MAX_BATCH)?,
-                interval: v.duration(
-                    "relay.interval",
-                    Duration::from_millis(1),
-                    Duration::from_secs(60),
-                )?,
-                max_attempts: v.range("relay.max_attempts", 1, 1000)?,
-            },
-            sweeper: SweeperSettings {
-                enabled: v.bool("sweeper.enabled")?,
-                interval: v.duration("sweeper.interval", Duration::from_millis(100), DAY)?,
-                grace: v.duration("sweeper.grace", Duration::ZERO, DAY * 30)?,
-                batch_size: v.range("sweeper.batch_size", 1, MAX_BATCH)?,
-            },
-            log: LogSettings {
-                format: v.choice(
-                    "log.format",
-                    &[("pretty", LogFormat::Pretty), ("json", LogFormat::Json)],
-                )?,
-                level: {
-                    let level = v.raw("log.level");
-                    tracing_subscriber::EnvFilter::try_new(level)
-                        .map_err(|e| invalid("log.level", format!("'{level}': {e}")))?;
-                    level.to_string()
-                },
-            },
-            sources,
-        })
+        Ok(settings)
     }
 
-    /// Every key with its value as `doctor` shows it (secrets redacted) and its source.
+    /// Every key in table order with its value as `doctor` shows it (secrets
+    /// redacted) and its source.
     pub fn describe(&self) -> Vec<(String, String, Source)> {
-        let d = self;
-        let time = |t: Duration| humantime::format_duration(t).to_string();
-        let shown: Vec<(&str, String)> = vec![
-            ("database.url", d.database.url.redacted()),
-            (
-                "database.max_connections",
-                d.database.max_connections.to_string(),
-            ),
-            (
-                "database.background_connections",
-                d.database.background_connections.to_string(),
-            ),
-            (
-                "database.migrate_on_start",
-                d.database.migrate_on_start.to_string(),
-            ),
-            ("amqp.url", d.amqp.url.redacted()),
-            ("amqp.prefix", d.amqp.prefix.clone()),
-            ("amqp.delay_mode", d.amqp.delay_mode.as_str().to_string()),
-            ("amqp.prefetch", d.amqp.prefetch.to_string()),
-            ("amqp.router_prefetch", d.amqp.router_prefetch.to_string()),
-            (
-                "amqp.queue_type",
-                format!("{:?}", d.amqp.queue_type).to_lowercase(),
-            ),
-            ("amqp.instance", d.amqp.instance.clone()),
-            (
-                "amqp.tls_ca_file",
-                d.amqp
-                    .tls_ca_file
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-            ),
-            (
-                "amqp.management_url",
-                match &d.amqp.management {
-                    Some(m) => format!("{} (as {}, vhost {})", m.base, m.username, m.vhost),
-                    None => "off".to_string(),
-                },
-            ),
-            ("http.bind", d.http.bind.to_string()),
-            (
-                "http.checkout_tokens",
-                describe_tokens(&d.http.checkout_tokens),
-            ),
-            ("http.admin_tokens", describe_tokens(&d.http.admin_tokens)),
-            ("http.allow_anonymous", d.http.allow_anonymous.to_string()),
-            (
-                "http.protect_operations",
-                d.http.protect_operations.to_string(),
-            ),
-            ("http.header_read_timeout", time(d.http.header_read_timeout)),
-            ("http.request_timeout", time(d.http.request_timeout)),
-            ("http.max_connections", d.http.max_connections.to_string()),
-            ("http.max_in_flight", d.http.max_in_flight.to_string()),
-            ("windows.payment", time(d.windows.payment)),
-            ("windows.fulfillment", time(d.windows.fulfillment)),
-            ("windows.receipt", time(d.windows.receipt)),
-            ("windows.max_payment", time(d.windows.max_payment)),
-            ("consumer.batch_size", d.consumer.batch_size.to_string()),
-            ("consumer.batch_wait", time(d.consumer.batch_wait)),
-            ("consumer.hold_max", time(d.consumer.hold_max)),
-            ("relay.enabled", d.relay.enabled.to_string()),
-            ("relay.batch_size", d.relay.batch_size.to_string()),
-            ("relay.interval", time(d.relay.interval)),
-            ("relay.max_attempts", d.relay.max_attempts.to_string()),
-            ("sweeper.enabled", d.sweeper.enabled.to_string()),
-            ("sweeper.interval", time(d.sweeper.interval)),
-            ("sweeper.grace", time(d.sweeper.grace)),
-            ("sweeper.batch_size", d.sweeper.batch_size.to_string()),
-            ("log.format", format!("{:?}", d.log.format).to_lowercase()),
-            ("log.level", d.log.level.clone()),
-        ];
-        shown
-            .into_iter()
-            .map(|(k, v)| {
-                let source = self.sources.get(k).cloned().unwrap_or(Source::Default);
-                (k.to_string(), v, source)
+        keys()
+            .map(|key| {
+                let source = self.sources.get(key.name).cloned();
+                let source = source.unwrap_or(Source::Default);
+                (key.name.to_string(), (key.show)(self), source)
             })
             .collect()
-    }
-}
-
-const DAY: Duration = Duration::from_secs(86_400);
-
-/// `database.*`.
-fn database(v: &Values) -> Result<DatabaseSettings, SettingsError> {
-    Ok(DatabaseSettings {
-        url: Secret::new(parse_database_url("database.url", v.raw("database.url"))?),
-        max_connections: v.range("database.max_connections", 1, 1000)?,
-        background_connections: v.range("database.background_connections", 1, 1000)?,
-        migrate_on_start: v.bool("database.migrate_on_start")?,
-    })
-}
-
-/// `amqp.*`.
-fn amqp(v: &Values) -> Result<AmqpSettings, SettingsError> {
-    let tls_ca_file = v.raw("amqp.tls_ca_file");
-    Ok(AmqpSettings {
-        url: Secret::new(parse_amqp_url("amqp.url", v.raw("amqp.url"))?),
-        prefix: parse_prefix("amqp.prefix", v.raw("amqp.prefix"))?,
-        delay_mode: v.choice(
-            "amqp.delay_mode",
-            &[
-                ("auto", DelayMode::Auto),
-                ("plugin", DelayMode::Plugin),
-                ("ttl", DelayMode::Ttl),
-            ],
-        )?,
-        prefetch: v.range("amqp.prefetch", 1, 65535)?,
-        router_prefetch: v.range("amqp.router_prefetch", 1, 65535)?,
-        queue_type: v.choice(
-            "amqp.queue_type",
-            &[
-                ("classic", QueueType::Classic),
-                ("quorum", QueueType::Quorum),
-            ],
-        )?,
-        instance: match v.raw("amqp.instance") {
-            "" => default_instance(),
-            name => name.to_string(),
-        },
-        tls_ca_pem: read_pem("amqp.tls_ca_file", tls_ca_file)?,
-        tls_ca_file: Some(tls_ca_file)
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from),
-        management: parse_management(
-            "amqp.management_url",
-            v.raw("amqp.management_url"),
-            v.raw("amqp.url"),
-        )?,
-    })
-}
-
-/// The merged layers, read key by key with the parser each key needs; every
-/// error names the key.
-struct Values<'a>(&'a BTreeMap<String, String>);
-
-impl Values<'_> {
-    fn raw(&self, key: &str) -> &str {
-        self.0.get(key).map(String::as_str).unwrap_or_default()
-    }
-    fn bool(&self, key: &str) -> Result<bool, SettingsError> {
-        parse_bool(key, self.raw(key))
-    }
-    fn range<T>(&self, key: &str, min: T, max: T) -> Result<T, SettingsError>
-    where
-        T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
-    {
-        parse_range(key, self.raw(key), min, max)
-    }
-    fn duration(&self, key: &str, min: Duration, max: Duration) -> Result<Duration, SettingsError> {
-        parse_duration(key, self.raw(key), min, max)
-    }
-    /// One of a few spellings.
-    fn choice<T: Copy>(&self, key: &str, options: &[(&str, T)]) -> Result<T, SettingsError> {
-        let value = self.raw(key);
-        options
-            .iter()
-            .find(|(name, _)| *name == value)
-            .map(|(_, t)| *t)
-            .ok_or_else(|| {
-                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-                let (last, rest) = names.split_last().unwrap_or((&"", &[]));
-                let expected = if rest.is_empty() {
-                    last.to_string()
-                } else {
-                    format!("{} or {last}", rest.join(", "))
-                };
-                invalid(key, format!("'{value}' (expected {expected})"))
-            })
     }
 }
 

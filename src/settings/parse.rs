@@ -1,4 +1,5 @@
-//! Parsers of single values: booleans, bounded numbers, durations, windows.
+//! Parsers of single values: booleans, bounded numbers, choices, durations,
+//! windows, addresses, log filters and bearer tokens. Every error names the key.
 
 use super::*;
 
@@ -15,6 +16,26 @@ pub(super) fn parse_bool(key: &str, value: &str) -> Result<bool, SettingsError> 
         "false" | "0" | "no" | "off" => Ok(false),
         _ => Err(invalid(key, format!("'{value}' (expected true or false)"))),
     }
+}
+
+/// One of a type's spellings; the error lists them all.
+pub(super) fn parse_choice<T: Copy>(
+    key: &str,
+    value: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<T, SettingsError> {
+    if let Some(found) = all.iter().copied().find(|t| name(*t) == value) {
+        return Ok(found);
+    }
+    let names: Vec<&str> = all.iter().map(|t| name(*t)).collect();
+    let (last, rest) = names.split_last().unwrap_or((&"", &[]));
+    let expected = if rest.is_empty() {
+        last.to_string()
+    } else {
+        format!("{} or {last}", rest.join(", "))
+    };
+    Err(invalid(key, format!("'{value}' (expected {expected})")))
 }
 
 pub(super) fn parse_range<T>(key: &str, value: &str, min: T, max: T) -> Result<T, SettingsError>
@@ -59,4 +80,70 @@ pub fn parse_duration(
 /// A window: at least one millisecond, at most what one `x-delay` can carry.
 pub fn parse_window(key: &str, value: &str) -> Result<Duration, SettingsError> {
     parse_duration(key, value, Duration::from_millis(1), MAX_DELAY)
+}
+
+/// An address to listen on, `host:port`.
+pub(super) fn parse_bind(key: &str, value: &str) -> Result<SocketAddr, SettingsError> {
+    value.parse().map_err(|_| {
+        invalid(
+            key,
+            format!("'{value}' (expected host:port, e.g. 127.0.0.1:8080)"),
+        )
+    })
+}
+
+/// A log filter in `RUST_LOG` syntax, checked the way the subscriber will read it.
+pub(super) fn parse_log_level(key: &str, value: &str) -> Result<String, SettingsError> {
+    tracing_subscriber::EnvFilter::try_new(value)
+        .map_err(|e| invalid(key, format!("'{value}': {e}")))?;
+    Ok(value.to_string())
+}
+
+/// Shortest bearer token accepted: 16 characters (a uuid without dashes has 32).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// A comma-separated list of bearer tokens (several while one is rotated:
+/// `old,new`). Spaces around the commas are ignored; each token must be at least
+/// [`MIN_TOKEN_LEN`] printable ASCII characters without whitespace. Errors say
+/// which token (by position) is wrong, never what it is.
+pub fn parse_tokens(key: &str, value: &str) -> Result<Vec<Secret>, SettingsError> {
+    if value.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tokens: Vec<Secret> = Vec::new();
+    for (i, token) in value.split(',').map(str::trim).enumerate() {
+        let n = i + 1;
+        if token.is_empty() {
+            return Err(invalid(
+                key,
+                format!("token {n} is empty (separate tokens with single commas)"),
+            ));
+        }
+        if token.chars().any(char::is_whitespace) {
+            return Err(invalid(key, format!("token {n} contains whitespace")));
+        }
+        if !token.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(invalid(
+                key,
+                format!(
+                    "token {n} holds a character that is not printable ASCII (an HTTP header cannot carry it)"
+                ),
+            ));
+        }
+        if token.len() < MIN_TOKEN_LEN {
+            return Err(invalid(
+                key,
+                format!(
+                    "token {n} has {} characters; at least {MIN_TOKEN_LEN} are needed (a random uuid without dashes has 32)",
+                    token.len()
+                ),
+            ));
+        }
+        let token = Secret::opaque(token);
+        if tokens.contains(&token) {
+            return Err(invalid(key, format!("token {n} is given twice")));
+        }
+        tokens.push(token);
+    }
+    Ok(tokens)
 }

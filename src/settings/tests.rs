@@ -1,5 +1,6 @@
 //! Unit tests of the settings.
 
+use super::keys::Key;
 use super::*;
 
 fn load(env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
@@ -370,4 +371,134 @@ fn secrets_are_redacted() {
         assert!(!described.contains(token), "{described}");
     }
     assert!(described.contains("2 tokens (redacted)"), "{described}");
+}
+
+#[test]
+fn every_key_has_a_default_that_parses() {
+    // In table order, as `load` reads them: `amqp.management_url` reads the
+    // `amqp.url` before it.
+    let mut settings = Settings::unread(BTreeMap::new());
+    for section in SECTIONS {
+        for key in section.keys {
+            if let Err(e) = (key.read)(key.name, key.default, &mut settings) {
+                panic!("the default of `{}` does not parse: {e}", key.name);
+            }
+        }
+        if let Some(check) = section.check {
+            check(&settings).unwrap();
+        }
+    }
+}
+
+#[test]
+fn describe_lists_every_key_once_in_table_order() {
+    let described: Vec<String> = load(&[])
+        .unwrap()
+        .describe()
+        .into_iter()
+        .map(|(key, _, source)| {
+            assert_eq!(source, Source::Default, "{key}");
+            key
+        })
+        .collect();
+    let table: Vec<&str> = keys().map(|k| k.name).collect();
+    assert_eq!(described, table);
+    let unique: std::collections::BTreeSet<&str> = table.iter().copied().collect();
+    assert_eq!(unique.len(), table.len(), "a key is in the table twice");
+    // The order doctor has always printed.
+    assert_eq!(table.first(), Some(&"database.url"));
+    assert_eq!(table.last(), Some(&"log.level"));
+}
+
+#[test]
+fn the_keys_of_a_section_share_its_name() {
+    for section in SECTIONS {
+        let name = |k: &Key| k.name.split_once('.').map(|(section, _)| section);
+        let first = name(&section.keys[0]).unwrap();
+        for key in section.keys {
+            assert_eq!(name(key), Some(first), "{}", key.name);
+            assert!(!key.name[first.len() + 1..].contains('.'), "{}", key.name);
+        }
+    }
+}
+
+/// A valid value other than the default for every key (the test below fails
+/// on a key missing here, so a new key must add one).
+fn another_value(key: &str, ca_file: &str) -> String {
+    let value = match key {
+        "database.url" => "postgres://u:p@db.internal/shop",
+        "database.max_connections" => "11",
+        "database.background_connections" => "6",
+        "database.migrate_on_start" => "false",
+        "amqp.url" => "amqp://shop:pw@mq.internal:5672/shop",
+        "amqp.prefix" => "shop.timeouts",
+        "amqp.delay_mode" => "ttl",
+        "amqp.prefetch" => "9",
+        "amqp.router_prefetch" => "8",
+        "amqp.queue_type" => "quorum",
+        "amqp.instance" => "instance-a",
+        "amqp.tls_ca_file" => ca_file,
+        "amqp.management_url" => "off",
+        "http.bind" => "127.0.0.1:9090",
+        "http.checkout_tokens" => "cccccccc-0123456789,dddddddd-0123456789",
+        "http.admin_tokens" => "eeeeeeee-0123456789,ffffffff-0123456789",
+        "http.allow_anonymous" => "true",
+        "http.protect_operations" => "true",
+        "http.header_read_timeout" => "10s",
+        "http.request_timeout" => "10s",
+        "http.max_connections" => "7",
+        "http.max_in_flight" => "7",
+        "windows.payment" => "15m",
+        "windows.fulfillment" => "8d",
+        "windows.receipt" => "15d",
+        "windows.max_payment" => "10d",
+        "consumer.batch_size" => "7",
+        "consumer.batch_wait" => "6ms",
+        "consumer.hold_max" => "2s",
+        "relay.enabled" => "false",
+        "relay.batch_size" => "7",
+        "relay.interval" => "1s",
+        "relay.max_attempts" => "3",
+        "sweeper.enabled" => "false",
+        "sweeper.interval" => "1m",
+        "sweeper.grace" => "2m",
+        "sweeper.batch_size" => "7",
+        "log.format" => "json",
+        "log.level" => "debug",
+        other => panic!("no other value for `{other}`: add one to this test"),
+    };
+    value.to_string()
+}
+
+#[test]
+fn every_key_reaches_its_own_field() {
+    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(
+        &ca_file,
+        "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let ca_file = ca_file.display().to_string();
+    // A token in the admin scope, so that `http.protect_operations = true`
+    // passes the cross-key checks.
+    let admin = ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A);
+    let base = load(&[admin]).unwrap().describe();
+    for (i, key) in keys().enumerate() {
+        let var = format!(
+            "{ENV_PREFIX}__{}",
+            key.name.replace('.', "__").to_uppercase()
+        );
+        let value = another_value(key.name, &ca_file);
+        // A later variable wins over an earlier one of the same name.
+        let described = load(&[admin, (&var, &value)])
+            .unwrap_or_else(|e| panic!("`{}` = '{value}': {e}", key.name))
+            .describe();
+        let (name, shown, source) = &described[i];
+        assert_eq!(name, key.name);
+        assert_ne!(shown, &base[i].1, "`{}` did not change its field", key.name);
+        assert_eq!(source, &Source::Env(var.clone()));
+    }
+    std::fs::remove_dir_all(dir).unwrap();
 }
