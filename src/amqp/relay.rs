@@ -102,7 +102,11 @@ pub async fn run(
                 // than at the end of the lease (those already confirmed go out
                 // twice, which the consumer treats as a no-op).
                 let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-                let _ = store::outbox_release(&ctx.db, &ids).await;
+                if let Err(release) = store::outbox_release(&ctx.db, &ids).await {
+                    // Then they come back when their lease ends.
+                    ctx.events
+                        .paused("relay", &release.to_string(), store::CLAIM_LEASE);
+                }
                 return Err(e);
             }
         };

@@ -21,8 +21,8 @@ use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait, OnConflict};
 use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection,
-    DatabaseTransaction, DbBackend, DbErr, EntityTrait, IsolationLevel, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect, Set, SqlErr, TransactionTrait,
+    DatabaseTransaction, DbBackend, DbErr, EntityTrait, IsolationLevel, QueryFilter, QueryOrder,
+    QuerySelect, QueryTrait, Set, SqlErr, Statement, TransactionTrait,
 };
 
 use super::entities::{idempotency_keys, inventory, order_events, order_items, orders, outbox};

@@ -102,6 +102,25 @@ async fn claim_once(
     Ok(rows)
 }
 
+/// Runs one statement per [`LIST_CHUNK`] of `ids`: `statement` builds it for
+/// the rows whose id is in the chunk.
+async fn per_chunk<C, Q>(
+    db: &C,
+    ids: &[i64],
+    statement: impl Fn(Condition) -> Q,
+) -> Result<(), DbErr>
+where
+    C: ConnectionTrait,
+    Q: QueryTrait,
+{
+    for chunk in ids.chunks(LIST_CHUNK) {
+        let rows = Condition::all().add(outbox::Column::Id.is_in(chunk.iter().copied()));
+        db.execute_raw(statement(rows).build(db.get_database_backend()))
+            .await?;
+    }
+    Ok(())
+}
+
 async fn take_claim<C: ConnectionTrait>(
     db: &C,
     ids: &[i64],
@@ -109,44 +128,34 @@ async fn take_claim<C: ConnectionTrait>(
     lease_end: i64,
     now: Millis,
 ) -> Result<(), DbErr> {
-    for chunk in ids.chunks(LIST_CHUNK) {
+    per_chunk(db, ids, |rows| {
         outbox::Entity::update_many()
             .col_expr(outbox::Column::Claim, Expr::value(claim))
             .col_expr(outbox::Column::ClaimedUntilMs, Expr::value(lease_end))
-            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
+            .filter(rows)
             .filter(publishable(now))
-            .exec(db)
-            .await?;
-    }
-    Ok(())
+    })
+    .await
 }
 
 /// Removes rows the broker confirmed.
 pub async fn outbox_delete(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
-    for chunk in ids.chunks(LIST_CHUNK) {
-        outbox::Entity::delete_many()
-            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
-            .exec(db)
-            .await?;
-    }
-    Ok(())
+    per_chunk(db, ids, |rows| outbox::Entity::delete_many().filter(rows)).await
 }
 
 /// Gives claimed rows back at once (the round could not publish them: the
 /// connection broke), so the next round need not wait for the lease to end.
 pub async fn outbox_release(db: &DatabaseConnection, ids: &[i64]) -> Result<(), DbErr> {
-    for chunk in ids.chunks(LIST_CHUNK) {
+    per_chunk(db, ids, |rows| {
         outbox::Entity::update_many()
             .col_expr(outbox::Column::Claim, Expr::value(Option::<String>::None))
             .col_expr(
                 outbox::Column::ClaimedUntilMs,
                 Expr::value(Option::<i64>::None),
             )
-            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
-            .exec(db)
-            .await?;
-    }
-    Ok(())
+            .filter(rows)
+    })
+    .await
 }
 
 /// Counts a refused publish on each row. A row refused
@@ -199,23 +208,19 @@ pub async fn outbox_set_aside(
     reason: &str,
     now: Millis,
 ) -> Result<(), DbErr> {
-    for chunk in ids.chunks(LIST_CHUNK) {
+    let reason = crate::domain::truncate(reason, 250);
+    per_chunk(db, ids, |rows| {
         outbox::Entity::update_many()
             .col_expr(outbox::Column::SetAsideAtMs, Expr::value(now.0))
-            .col_expr(
-                outbox::Column::SetAsideReason,
-                Expr::value(crate::domain::truncate(reason, 250)),
-            )
+            .col_expr(outbox::Column::SetAsideReason, Expr::value(reason.as_str()))
             .col_expr(outbox::Column::Claim, Expr::value(Option::<String>::None))
             .col_expr(
                 outbox::Column::ClaimedUntilMs,
                 Expr::value(Option::<i64>::None),
             )
-            .filter(outbox::Column::Id.is_in(chunk.iter().copied()))
-            .exec(db)
-            .await?;
-    }
-    Ok(())
+            .filter(rows)
+    })
+    .await
 }
 
 /// The outbox now, for metrics.
@@ -229,25 +234,24 @@ pub struct OutboxState {
     pub set_aside: u64,
 }
 
-/// Rows waiting, the creation time of the oldest, and rows set aside.
+/// Rows waiting, the creation time of the oldest, and rows set aside: one
+/// pass over the table (the relay's monitor reads it every second).
 pub async fn outbox_backlog(db: &DatabaseConnection) -> Result<OutboxState, DbErr> {
-    let waiting = outbox::Entity::find()
-        .filter(outbox::Column::SetAsideAtMs.is_null())
-        .count(db)
-        .await?;
-    let oldest = outbox::Entity::find()
-        .filter(outbox::Column::SetAsideAtMs.is_null())
-        .order_by_asc(outbox::Column::Id)
-        .one(db)
+    // Plain SQL that reads the same on every backend; COUNT(column) counts
+    // the rows where it is not null.
+    let sql = "SELECT COUNT(*) - COUNT(set_aside_at_ms), COUNT(set_aside_at_ms), \
+               MIN(CASE WHEN set_aside_at_ms IS NULL THEN created_at_ms END) FROM outbox";
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
         .await?
-        .map(|r| Millis(r.created_at_ms));
-    let set_aside = outbox::Entity::find()
-        .filter(outbox::Column::SetAsideAtMs.is_not_null())
-        .count(db)
-        .await?;
+        .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
+    let count = |i: usize| -> Result<u64, DbErr> {
+        let n: i64 = row.try_get_by_index(i)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
     Ok(OutboxState {
-        waiting,
-        oldest,
-        set_aside,
+        waiting: count(0)?,
+        set_aside: count(1)?,
+        oldest: row.try_get_by_index::<Option<i64>>(2)?.map(Millis),
     })
 }

@@ -211,3 +211,43 @@ async fn a_corrupt_status_is_an_error_not_another_status() {
     let err = get_order(&db, order.id, false).await.unwrap_err();
     assert!(err.to_string().contains("corrupt order row"), "{err}");
 }
+
+#[tokio::test]
+async fn the_outbox_claims_releases_sets_aside_and_counts_its_rows() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 10, now).await.unwrap();
+    for _ in 0..3 {
+        checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+            .await
+            .unwrap();
+    }
+    let state = outbox_backlog(&db).await.unwrap();
+    assert_eq!(
+        (state.waiting, state.set_aside, state.oldest),
+        (3, 0, Some(now))
+    );
+    let claimed = outbox_claim(&db, 10, now).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    assert!(
+        outbox_claim(&db, 10, now).await.unwrap().is_empty(),
+        "held by the first claim"
+    );
+    let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
+    outbox_release(&db, &ids[..1]).await.unwrap();
+    let again = outbox_claim(&db, 10, now).await.unwrap();
+    assert_eq!(again.iter().map(|r| r.id).collect::<Vec<_>>(), ids[..1]);
+    outbox_set_aside(&db, &ids[1..2], "unknown kind", now)
+        .await
+        .unwrap();
+    outbox_delete(&db, &ids[2..]).await.unwrap();
+    let state = outbox_backlog(&db).await.unwrap();
+    assert_eq!((state.waiting, state.set_aside), (1, 1));
+    let after_lease = now.plus(CLAIM_LEASE).plus(Duration::from_millis(1));
+    let back = outbox_claim(&db, 10, after_lease).await.unwrap();
+    assert_eq!(
+        back.iter().map(|r| r.id).collect::<Vec<_>>(),
+        ids[..1],
+        "not the row set aside"
+    );
+}
