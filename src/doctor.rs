@@ -263,52 +263,47 @@ impl Found {
     }
 }
 
+/// How exchange `x` in the vhost compares with what this version declares.
 async fn exchange_verdict(conn: &Connection, x: &topology::ExchangeSpec) -> Verdict {
-    let declared = on_fresh_channel(conn, |ch| async move {
-        topology::declare_exchange(&ch, x).await
+    let earlier = x.earlier.clone().map(|arguments| topology::ExchangeSpec {
+        arguments,
+        ..x.clone()
+    });
+    verdict(conn, x.clone(), earlier, |ch, spec| async move {
+        topology::declare_exchange(&ch, &spec).await
     })
-    .await;
-    let Err(e) = declared else {
-        return Verdict::AsDeclared;
-    };
-    if let Some(args) = &x.earlier {
-        let spec = topology::ExchangeSpec {
-            arguments: args.clone(),
-            ..x.clone()
-        };
-        let spec = &spec;
-        let as_before = on_fresh_channel(conn, |ch| async move {
-            topology::declare_exchange(&ch, spec).await
-        })
-        .await;
-        if as_before.is_ok() {
-            return Verdict::AsEarlier;
-        }
-    }
-    Verdict::Differs(short(&e))
+    .await
 }
 
+/// How queue `q` in the vhost compares with what this version declares.
 async fn queue_verdict(conn: &Connection, q: &topology::QueueSpec) -> Verdict {
-    let declared = on_fresh_channel(conn, |ch| async move {
-        topology::declare_queue(&ch, q).await.map(|_| ())
+    let earlier = q.earlier.clone().map(|arguments| topology::QueueSpec {
+        arguments,
+        ..q.clone()
+    });
+    verdict(conn, q.clone(), earlier, |ch, spec| async move {
+        topology::declare_queue(&ch, &spec).await.map(|_| ())
     })
-    .await;
-    let Err(e) = declared else {
+    .await
+}
+
+/// Declares `spec` as this version does; when the broker refuses it, tries
+/// the arguments an earlier version declared (`earlier`), which the service
+/// also accepts.
+async fn verdict<S, F, Fut>(conn: &Connection, spec: S, earlier: Option<S>, declare: F) -> Verdict
+where
+    F: Fn(Channel, S) -> Fut,
+    Fut: std::future::Future<Output = Result<(), lapin::Error>>,
+{
+    let Err(e) = on_fresh_channel(conn, |ch| declare(ch, spec)).await else {
         return Verdict::AsDeclared;
     };
-    if let Some(args) = &q.earlier {
-        let spec = topology::QueueSpec {
-            arguments: args.clone(),
-            ..q.clone()
-        };
-        let spec = &spec;
-        let as_before = on_fresh_channel(conn, |ch| async move {
-            topology::declare_queue(&ch, spec).await.map(|_| ())
-        })
-        .await;
-        if as_before.is_ok() {
-            return Verdict::AsEarlier;
-        }
+    if let Some(earlier) = earlier
+        && on_fresh_channel(conn, |ch| declare(ch, earlier))
+            .await
+            .is_ok()
+    {
+        return Verdict::AsEarlier;
     }
     Verdict::Differs(short(&e))
 }
