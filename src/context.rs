@@ -39,11 +39,10 @@ impl Role {
     }
 }
 
-/// Live state of the dependencies, for `/readyz`.
+/// Live state of the broker connections, for `/readyz` (which asks the
+/// database itself, each time).
 #[derive(Debug, Default)]
 pub struct Health {
-    /// The last database operation of a background component succeeded.
-    database: AtomicBool,
     /// Per broker role, whether its connection is up.
     relay: AtomicBool,
     router: AtomicBool,
@@ -65,10 +64,6 @@ impl Health {
     /// `(role, connected)` for every broker role.
     pub fn broker(&self) -> [(Role, bool); 3] {
         Role::ALL.map(|role| (role, self.flag(role).load(Ordering::Relaxed)))
-    }
-    /// Records whether the database answered a background component.
-    pub fn set_database(&self, up: bool) {
-        self.database.store(up, Ordering::Relaxed);
     }
 }
 
@@ -101,7 +96,6 @@ impl Context {
     pub fn new(settings: Settings, db: DatabaseConnection, api_db: DatabaseConnection) -> Self {
         let names = Names::new(&settings.amqp.prefix);
         let health = Health::default();
-        health.set_database(true);
         Self {
             settings,
             names,

@@ -23,7 +23,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             _ = tokio::time::sleep(interval) => {}
         }
         if let Err(e) = sweep(&ctx, Millis::now()).await {
-            ctx.health.set_database(false);
             ctx.events.paused("sweeper", &e.to_string(), interval);
         }
     }

@@ -316,7 +316,6 @@ impl KindConsumer {
             let error =
                 match store::expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout).await {
                     Ok(outcomes) => {
-                        self.ctx.health.set_database(true);
                         decided.merge(outcomes, now);
                         continue;
                     }
@@ -326,7 +325,6 @@ impl KindConsumer {
                 // The database is away or refuses every transition: keep the
                 // deliveries unacked and take no new ones; the broker keeps
                 // the rest, and nothing spins meanwhile.
-                self.ctx.health.set_database(false);
                 let delay = outage.next_delay();
                 self.ctx
                     .events
