@@ -25,8 +25,11 @@ use serde_json::{Value, json};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
-use super::env::{ProcStats, Resources, proc_stats};
-use super::{BenchArgs, RunCtx, count, round1};
+use crate::cli::BenchArgs;
+use crate::ctx::RunCtx;
+use crate::env::{ProcStats, Resources, proc_stats};
+use crate::report::round1;
+use crate::sql::count;
 use order_timeout::amqp::topology::{LEVELS, Names};
 use order_timeout::domain::{Millis, TimeoutKind};
 
@@ -135,10 +138,46 @@ fn broker_json(s: &BrokerState) -> Value {
 pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow::Result<Value> {
     let m = args.million_orders.max(1);
     let service = res.service.as_ref().context("service")?;
-    let (pid, ticks) = (service.pid(), service.ticks());
-    let samples: Arc<Mutex<Vec<(f64, ProcStats)>>> = Arc::default();
+    let samples = sample_rss(service.pid(), service.ticks());
+    let result = schedule(ctx, res, m).await;
+    samples.sampler.abort();
+    let (schedule_s, insert_s, before, after) = result?;
+    let stats = res.service.as_ref().context("service")?.stats()?;
+    let samples = samples.taken.lock().map(|v| v.clone()).unwrap_or_default();
+    let figures = Figures::new(m, &samples, schedule_s, insert_s, before, after, stats);
+    let report = json!({
+        "mode": ctx.mode,
+        "db": ctx.db_kind,
+        "scenario": "million",
+        "orders": m,
+        "scheduled_through": "orders and outbox rows written by SQL in one transaction; the service's relay published them straight into the delay stage",
+        "insert_s": round1(insert_s),
+        "schedule_s": round1(schedule_s),
+        "schedule_per_s": round1(m as f64 / schedule_s),
+        "service_rss_mb": { "first": round1(figures.first), "max": round1(figures.max), "last": round1(figures.last), "series": series(&samples) },
+        "service_peak_rss_mb": round1(stats.peak_rss_mb),
+        "service_cpu_s": round1(stats.cpu_s),
+        "broker_before": broker_json(&before),
+        "broker_after": broker_json(&after),
+        "broker_memory_per_timer_bytes": figures.per_timer_bytes.round(),
+    });
+    figures.print_table();
+    Ok(report)
+}
+
+/// The service's resident set, sampled every second by a task of its own.
+struct RssSamples {
+    /// The sampling task, aborted when the scenario is over.
+    sampler: tokio::task::JoinHandle<()>,
+    /// (seconds since the start, the service's memory) per sample.
+    taken: Arc<Mutex<Vec<(f64, ProcStats)>>>,
+}
+
+/// Starts sampling the memory of process `pid` every second.
+fn sample_rss(pid: u32, ticks: f64) -> RssSamples {
+    let taken: Arc<Mutex<Vec<(f64, ProcStats)>>> = Arc::default();
     let sampler = {
-        let samples = samples.clone();
+        let samples = taken.clone();
         tokio::spawn(async move {
             let start = Instant::now();
             loop {
@@ -151,77 +190,117 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
             }
         })
     };
-    let result = schedule(ctx, res, m).await;
-    sampler.abort();
-    let (schedule_s, insert_s, before, after) = result?;
-    let stats = res.service.as_ref().context("service")?.stats()?;
-    let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
-    let rss: Vec<f64> = samples.iter().map(|(_, s)| s.rss_mb).collect();
-    let first = rss.first().copied().unwrap_or(0.0);
-    let last = rss.last().copied().unwrap_or(0.0);
-    let max = rss.iter().copied().fold(0.0, f64::max);
-    // The node's memory grew by this much for the timers it now keeps.
-    let per_timer_bytes = (after.mem_mb - before.mem_mb) * 1_048_576.0 / m as f64;
+    RssSamples { sampler, taken }
+}
+
+/// The service's memory over the run, at most 60 points for the JSON.
+fn series(samples: &[(f64, ProcStats)]) -> Vec<Value> {
     // Keep the series short in the JSON: at most 60 points.
     let step = (samples.len() / 60).max(1);
-    let series: Vec<Value> = samples
+    samples
         .iter()
         .step_by(step)
         .map(|(t, s)| json!([round1(*t), round1(s.rss_mb)]))
-        .collect();
-    let report = json!({
-        "mode": ctx.mode,
-        "db": ctx.db_kind,
-        "scenario": "million",
-        "orders": m,
-        "scheduled_through": "orders and outbox rows written by SQL in one transaction; the service's relay published them straight into the delay stage",
-        "insert_s": round1(insert_s),
-        "schedule_s": round1(schedule_s),
-        "schedule_per_s": round1(m as f64 / schedule_s),
-        "service_rss_mb": { "first": round1(first), "max": round1(max), "last": round1(last), "series": series },
-        "service_peak_rss_mb": round1(stats.peak_rss_mb),
-        "service_cpu_s": round1(stats.cpu_s),
-        "broker_before": broker_json(&before),
-        "broker_after": broker_json(&after),
-        "broker_memory_per_timer_bytes": per_timer_bytes.round(),
-    });
-    println!();
-    println!("{:<34} value", "figure");
-    println!("{}", "-".repeat(78));
-    for (name, value) in [
-        ("timers scheduled", m.to_string()),
-        ("rows written (SQL)", format!("{insert_s:.1} s")),
-        (
-            "commit -> all in the delay stage",
-            format!("{schedule_s:.1} s ({:.0}/s)", m as f64 / schedule_s),
-        ),
-        (
-            "service RSS first/max/last",
-            format!("{first:.1} / {max:.1} / {last:.1} MiB"),
-        ),
-        (
-            "service peak RSS (VmHWM)",
-            format!("{:.1} MiB", stats.peak_rss_mb),
-        ),
-        ("service CPU time", format!("{:.1} s", stats.cpu_s)),
-        (
-            "broker memory before/after",
-            format!("{:.0} / {:.0} MiB", before.mem_mb, after.mem_mb),
-        ),
-        (
-            "broker disk free before/after",
-            format!("{:.0} / {:.0} MiB", before.disk_free_mb, after.disk_free_mb),
-        ),
-        (
-            "broker memory per pending timer",
-            format!("{per_timer_bytes:.0} bytes"),
-        ),
-        ("queues' memory", format!("{:.1} MiB", after.queue_mem_mb)),
-    ] {
-        println!("{name:<34} {value}");
+        .collect()
+}
+
+/// What the table shows.
+struct Figures {
+    /// Timers scheduled.
+    m: usize,
+    /// Seconds from the commit to the last timer in the delay stage.
+    schedule_s: f64,
+    /// Seconds writing the rows.
+    insert_s: f64,
+    /// The service's RSS at the first sample, its largest, and at the last, MiB.
+    first: f64,
+    max: f64,
+    last: f64,
+    /// The service's peak memory and CPU time.
+    stats: ProcStats,
+    /// The broker before the rows were written, and once every timer was in the stage.
+    before: BrokerState,
+    after: BrokerState,
+    /// The broker's memory growth per pending timer, bytes.
+    per_timer_bytes: f64,
+}
+
+impl Figures {
+    fn new(
+        m: usize,
+        samples: &[(f64, ProcStats)],
+        schedule_s: f64,
+        insert_s: f64,
+        before: BrokerState,
+        after: BrokerState,
+        stats: ProcStats,
+    ) -> Self {
+        let rss: Vec<f64> = samples.iter().map(|(_, s)| s.rss_mb).collect();
+        Self {
+            m,
+            schedule_s,
+            insert_s,
+            first: rss.first().copied().unwrap_or(0.0),
+            max: rss.iter().copied().fold(0.0, f64::max),
+            last: rss.last().copied().unwrap_or(0.0),
+            stats,
+            before,
+            after,
+            // The node's memory grew by this much for the timers it now keeps.
+            per_timer_bytes: (after.mem_mb - before.mem_mb) * 1_048_576.0 / m as f64,
+        }
     }
-    println!();
-    Ok(report)
+
+    fn print_table(&self) {
+        let Self {
+            m,
+            schedule_s,
+            insert_s,
+            first,
+            max,
+            last,
+            stats,
+            before,
+            after,
+            per_timer_bytes,
+        } = self;
+        println!();
+        println!("{:<34} value", "figure");
+        println!("{}", "-".repeat(78));
+        for (name, value) in [
+            ("timers scheduled", m.to_string()),
+            ("rows written (SQL)", format!("{insert_s:.1} s")),
+            (
+                "commit -> all in the delay stage",
+                format!("{schedule_s:.1} s ({:.0}/s)", *m as f64 / schedule_s),
+            ),
+            (
+                "service RSS first/max/last",
+                format!("{first:.1} / {max:.1} / {last:.1} MiB"),
+            ),
+            (
+                "service peak RSS (VmHWM)",
+                format!("{:.1} MiB", stats.peak_rss_mb),
+            ),
+            ("service CPU time", format!("{:.1} s", stats.cpu_s)),
+            (
+                "broker memory before/after",
+                format!("{:.0} / {:.0} MiB", before.mem_mb, after.mem_mb),
+            ),
+            (
+                "broker disk free before/after",
+                format!("{:.0} / {:.0} MiB", before.disk_free_mb, after.disk_free_mb),
+            ),
+            (
+                "broker memory per pending timer",
+                format!("{per_timer_bytes:.0} bytes"),
+            ),
+            ("queues' memory", format!("{:.1} MiB", after.queue_mem_mb)),
+        ] {
+            println!("{name:<34} {value}");
+        }
+        println!();
+    }
 }
 
 /// Writes the rows, waits for the service to put every timer in the delay stage.

@@ -1,0 +1,71 @@
+//! The options of `order-timeout-bench`: the scenario's size, the database and
+//! delay mode under test, and where the broker, database and report are.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+/// Options of `order-timeout-bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Orders due within 2 s (the burst).
+    #[arg(long, default_value_t = 20_000)]
+    pub burst: usize,
+    /// Orders due per second in the steady load.
+    #[arg(long, default_value_t = 1_000)]
+    pub steady_rate: usize,
+    /// How long the steady load lasts, in seconds (0: no steady load).
+    #[arg(long, default_value_t = 30)]
+    pub steady_secs: usize,
+    /// The database of the service under test (a fresh one either way).
+    #[arg(long, value_enum, default_value_t = BenchDb::Postgres)]
+    pub db: BenchDb,
+    /// Delay mode; `auto` runs plugin mode when the broker has it, else ttl.
+    #[arg(long, value_enum, default_value_t = BenchMode::Auto)]
+    pub mode: BenchMode,
+    /// HTTP requests in flight while placing orders.
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Distinct SKUs the orders draw from (fewer means hotter inventory rows).
+    #[arg(long, default_value_t = 64)]
+    pub skus: usize,
+    /// Schedule a million long timeouts (ttl mode unless `--mode plugin`) and
+    /// watch memory instead.
+    #[arg(long)]
+    pub million: bool,
+    /// How many orders `--million` schedules (a smaller number for a smoke run).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub million_orders: usize,
+    /// Where the JSON goes.
+    #[arg(long, default_value = "target/bench/latest.json")]
+    pub out: PathBuf,
+    /// RabbitMQ management API, with credentials.
+    #[arg(long, default_value = "http://guest:guest@127.0.0.1:15672/api")]
+    pub management: String,
+    /// PostgreSQL admin URL; the bench creates and drops `ot_bench_<random>` there.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pub postgres_admin: String,
+    /// `log.level` of the service under test (default: its own setting).
+    #[arg(long)]
+    pub service_log_level: Option<String>,
+}
+
+/// `--db`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchDb {
+    /// A fresh PostgreSQL database.
+    Postgres,
+    /// A fresh SQLite file.
+    Sqlite,
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchMode {
+    /// TTL levels.
+    Ttl,
+    /// The delayed-message plugin (skipped when the broker lacks it).
+    Plugin,
+    /// The plugin when present, else TTL levels.
+    Auto,
+}

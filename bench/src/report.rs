@@ -1,0 +1,227 @@
+//! The burst and steady scenario's report: the JSON written to `--out`, with
+//! the steady load's verdict against the broker's own lateness, and the table
+//! printed from that JSON.
+
+use serde_json::{Value, json};
+
+use crate::analysis::{Analysis, Lateness};
+use crate::ceiling::Ceiling;
+use crate::cli::BenchArgs;
+use crate::ctx::RunCtx;
+use crate::env::ProcStats;
+
+/// Everything one burst and steady run measured.
+pub(crate) struct Measured {
+    /// Orders placed, calibration included.
+    pub(crate) orders: usize,
+    /// Orders placed per second over HTTP (calibration excluded).
+    pub(crate) checkout_per_s: f64,
+    /// The CPU's verdict on checkout ([`crate::profile::cpu_usage`]).
+    pub(crate) checkout_limit: Value,
+    /// What the database says about the run.
+    pub(crate) result: Analysis,
+    /// The CPU's and queues' verdict on the burst ([`crate::profile::Profile::limit`]).
+    pub(crate) limit: Value,
+    /// The drain, about one sample a second from just before the burst.
+    pub(crate) series: Value,
+    /// The machine's ceiling for the same work.
+    pub(crate) ceiling: Ceiling,
+    /// The service's peak memory and CPU time.
+    pub(crate) stats: ProcStats,
+}
+
+/// The report of a burst and steady run, as written to `--out`.
+pub(crate) fn json(ctx: &RunCtx, args: &BenchArgs, m: &Measured) -> Value {
+    let (result, consume, update, delay_path) = (
+        &m.result,
+        &m.ceiling.broker,
+        m.ceiling.db_batch_cancel_per_s,
+        &m.ceiling.delay_path,
+    );
+    let steady_limit = steady_verdict(&result.steady, &delay_path.steady);
+    let lower = consume.consume_ack_per_s.min(update);
+    let fraction = result.burst_cancels_per_s / lower;
+    json!({
+        "mode": ctx.mode,
+        "db": ctx.db_kind,
+        "orders": m.orders,
+        "burst": args.burst,
+        "steady": { "rate": args.steady_rate, "secs": args.steady_secs },
+        "clients": args.clients,
+        "batch_size": ctx.batch_size,
+        "prefetch": ctx.prefetch,
+        "checkout_per_s": round1(m.checkout_per_s),
+        "burst_cancels_per_s": round1(result.burst_cancels_per_s),
+        "burst_offered_per_s": round1(result.burst_offered_per_s),
+        "burst_drain_ms": result.burst_drain_ms,
+        "lateness_ms": {
+            "burst": result.burst.json(),
+            "steady": result.steady.json(),
+        },
+        "ceiling": {
+            "consume_ack_per_s": round1(consume.consume_ack_per_s),
+            "publish_confirm_per_s": round1(consume.publish_per_s),
+            "db_batch_cancel_per_s": round1(update),
+            "delay_path_per_s": round1(delay_path.per_s),
+            "delay_path_drain_ms": delay_path.drain_ms,
+            "delay_path_lateness_ms": {
+                "burst": delay_path.burst.json(),
+                "steady": delay_path.steady.json(),
+            },
+        },
+        "fraction_of_ceiling": (fraction * 1000.0).round() / 1000.0,
+        "fraction_of_delay_path": (result.burst_cancels_per_s / delay_path.per_s * 1000.0).round() / 1000.0,
+        "limit": m.limit,
+        "checkout_limit": m.checkout_limit,
+        "steady_limit": steady_limit,
+        "burst_drain_series": m.series,
+        "service_peak_rss_mb": round1(m.stats.peak_rss_mb),
+        "service_cpu_s": round1(m.stats.cpu_s),
+        "checks": result.checks,
+    })
+}
+
+/// The steady load's lateness against the broker's own: how late the delay path
+/// alone delivered the same timers (nothing else running) says how much of the
+/// service's lateness is the broker's.
+fn steady_verdict(service: &Lateness, broker: &Lateness) -> Value {
+    const TARGET_P99_MS: i64 = 100;
+    let verdict = if service.n == 0 {
+        "no steady load in this run".to_string()
+    } else if service.p99 <= TARGET_P99_MS {
+        format!(
+            "p99 {} ms, within the {TARGET_P99_MS} ms target",
+            service.p99
+        )
+    } else if broker.p99 * 2 >= service.p99 {
+        format!(
+            "p99 {} ms against the {TARGET_P99_MS} ms target; the broker's delay path alone \
+             delivered the same timers late by p99 {} ms, so most of it is the TTL levels'",
+            service.p99, broker.p99
+        )
+    } else {
+        format!(
+            "p99 {} ms against the {TARGET_P99_MS} ms target; the broker's delay path alone \
+             delivered the same timers late by p99 {} ms, so most of it ({} ms) is the \
+             service's own: the consumer's batch and its transaction",
+            service.p99,
+            broker.p99,
+            service.p99 - broker.p99
+        )
+    };
+    json!({
+        "target_p99_ms": TARGET_P99_MS,
+        "service_p99_ms": service.p99,
+        "delay_path_p99_ms": broker.p99,
+        "verdict": verdict,
+    })
+}
+
+/// `x` to one decimal, as the report gives rates and sizes.
+pub(crate) fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// Prints the report `r` as a table, then the verdicts.
+pub(crate) fn print_table(r: &Value, stats: &ProcStats) {
+    println!();
+    println!("{:<34} value", "figure");
+    println!("{}", "-".repeat(78));
+    for (name, value) in table_rows(r, stats) {
+        println!("{name:<34} {value}");
+    }
+    if r["burst_cancels_per_s"].as_f64().unwrap_or(0.0)
+        >= 0.9 * r["burst_offered_per_s"].as_f64().unwrap_or(f64::MAX)
+    {
+        println!(
+            "note: the service kept up with the burst; its rate is the offered rate, raise --burst to find its limit"
+        );
+    }
+    if let Some(verdict) = r["steady_limit"]["verdict"].as_str() {
+        println!("steady: {verdict}");
+    }
+    if let Some(verdict) = r["checkout_limit"]["verdict"].as_str() {
+        println!("checkout: {verdict}");
+    }
+    if let Some(verdict) = r["limit"]["verdict"].as_str() {
+        println!("limit: {verdict}");
+    }
+    println!();
+}
+
+/// The table's rows: (figure, value) read from the report `r`.
+fn table_rows(r: &Value, stats: &ProcStats) -> [(&'static str, String); 16] {
+    let lat = |load: &str| {
+        let l = &r["lateness_ms"][load];
+        format!(
+            "p50 {} / p90 {} / p99 {} / max {} ms (n={})",
+            l["p50"], l["p90"], l["p99"], l["max"], l["n"]
+        )
+    };
+    let ceiling = &r["ceiling"];
+    [
+        (
+            "mode / db",
+            format!(
+                "{} / {}",
+                r["mode"].as_str().unwrap_or(""),
+                r["db"].as_str().unwrap_or("")
+            ),
+        ),
+        ("orders placed", r["orders"].to_string()),
+        (
+            "checkout (HTTP, all clients)",
+            format!("{}/s", r["checkout_per_s"]),
+        ),
+        (
+            "burst cancels",
+            format!(
+                "{}/s (offered {}/s)",
+                r["burst_cancels_per_s"], r["burst_offered_per_s"]
+            ),
+        ),
+        (
+            "burst drained after last deadline",
+            format!("{} ms", r["burst_drain_ms"]),
+        ),
+        ("lateness, burst", lat("burst")),
+        ("lateness, steady", lat("steady")),
+        (
+            "ceiling: consume+ack",
+            format!("{}/s", ceiling["consume_ack_per_s"]),
+        ),
+        (
+            "ceiling: publish+confirm",
+            format!("{}/s", ceiling["publish_confirm_per_s"]),
+        ),
+        (
+            "ceiling: batched UPDATE",
+            format!("{}/s", ceiling["db_batch_cancel_per_s"]),
+        ),
+        (
+            "ceiling: delay path (broker only)",
+            format!(
+                "{}/s, drained {} ms after the last due",
+                ceiling["delay_path_per_s"], ceiling["delay_path_drain_ms"]
+            ),
+        ),
+        (
+            "delay path alone, arrived late by",
+            format!(
+                "burst p99 {} ms, steady p99 {} ms",
+                ceiling["delay_path_lateness_ms"]["burst"]["p99"],
+                ceiling["delay_path_lateness_ms"]["steady"]["p99"]
+            ),
+        ),
+        (
+            "burst / lower ceiling",
+            format!("{}", r["fraction_of_ceiling"]),
+        ),
+        (
+            "burst / delay path",
+            format!("{}", r["fraction_of_delay_path"]),
+        ),
+        ("service peak RSS", format!("{:.1} MiB", stats.peak_rss_mb)),
+        ("service CPU time", format!("{:.1} s", stats.cpu_s)),
+    ]
+}
