@@ -283,3 +283,38 @@ impl Management {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_percent_encoded_for_paths() {
+        assert_eq!(url_encode("/"), "%2F");
+        assert_eq!(
+            url_encode("order.timeouts.work-1_~"),
+            "order.timeouts.work-1_~"
+        );
+        assert_eq!(url_encode("a b#c"), "a%20b%23c");
+    }
+
+    #[test]
+    fn credentials_come_out_of_the_url_and_default_to_guest() {
+        let api = Management::new(
+            "http://ops:s3cret@127.0.0.1:15672/api/",
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        assert_eq!(api.base(), "http://127.0.0.1:15672/api");
+        assert_eq!(
+            (api.user.as_str(), api.password.as_str()),
+            ("ops", "s3cret")
+        );
+        let api = Management::new("http://127.0.0.1:15672/api", Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            (api.user.as_str(), api.password.as_str()),
+            ("guest", "guest")
+        );
+        assert!(Management::new("not a url", Duration::from_secs(1)).is_err());
+    }
+}

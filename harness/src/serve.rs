@@ -399,3 +399,47 @@ impl Drop for Process {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_is_a_spawn_error_naming_it() {
+        let err = Serve::new("/nonexistent/order-timeout")
+            .start()
+            .unwrap_err();
+        assert!(matches!(err, Error::Spawn { .. }), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/order-timeout"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_that_exits_fails_the_readiness_wait_naming_its_log() {
+        // `sh serve` exits at once (no such script): the wait says so, with the log.
+        let log = std::env::temp_dir().join(format!("ot-harness-{}.log", std::process::id()));
+        let mut child = Serve::new("sh").log(&log).start().unwrap();
+        let err = child
+            .wait_ready(&reqwest::Client::new(), Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Exited { .. }), "{err}");
+        assert!(
+            err.to_string().contains(&log.display().to_string()),
+            "{err}"
+        );
+        assert!(!child.log_text().is_empty(), "sh said why");
+        let _ = std::fs::remove_file(&log);
+    }
+
+    #[test]
+    fn signals_are_named_as_kill_takes_them() {
+        let names: Vec<&str> = [Signal::Term, Signal::Int, Signal::Kill]
+            .iter()
+            .map(|s| s.name())
+            .collect();
+        assert_eq!(names, ["TERM", "INT", "KILL"]);
+    }
+}

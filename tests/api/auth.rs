@@ -351,14 +351,9 @@ async fn operations_endpoints_are_open_unless_protected() {
         status("/healthz", base.clone(), anonymous.clone()).await,
         200
     );
-    let doc: Value = anonymous
-        .get(format!("{base}/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = Api::new(anonymous.clone(), base.clone())
+        .get_json("/openapi.json")
+        .await;
     for path in ["/readyz", "/metrics"] {
         assert_eq!(
             doc["paths"][path]["get"]["security"],

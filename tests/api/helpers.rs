@@ -219,6 +219,7 @@ pub async fn close_each_service_connection(vhost: &str) {
             start.elapsed() < within,
             "timed out after {within:?} closing each role's connection; closed {closed:?}"
         );
+        // Polling: the next sweep catches the roles that have reconnected.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -913,6 +914,7 @@ where
         if start.elapsed() > within {
             panic!("timed out after {within:?} waiting for: {what}");
         }
+        // Polling, inside the one wait loop.
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
