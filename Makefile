@@ -47,7 +47,7 @@ TEST_MANAGEMENT ?= http://127.0.0.1:15672/api
 test-broker: databases examples-deps
 	ORDER_TIMEOUT_TEST_BROKER=$(TEST_BROKER) ORDER_TIMEOUT_TEST_MANAGEMENT=$(TEST_MANAGEMENT) $(TEST_ENV) \
 		$(CARGO) test --locked --test api -- --test-threads=$(TEST_THREADS) --skip mariadb \
-		core:: examples:: stages:: rabbitmq_world::node_amqplib rabbitmq_world::curl_management
+		core:: examples:: stages::
 
 lint:
 	$(CARGO) fmt --all -- --check

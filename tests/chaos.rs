@@ -8,13 +8,17 @@
 //!
 //! It stops and starts the broker application: run it alone, never beside
 //! `make test`. `#[ignore]` keeps it out of `cargo test`.
+//!
+//! The test reads as its steps: [`setup`], [`load`], [`faults`], [`settle`],
+//! [`ledger`], [`report`], then the verdict.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use order_timeout_harness::{Management, Process, Serve};
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -24,6 +28,8 @@ const MANAGEMENT: &str = "http://127.0.0.1:15672/api";
 const POSTGRES_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 const SKUS: [&str; 5] = ["C1", "C2", "C3", "C4", "C5"];
 const STOCK: i64 = 1_000_000;
+/// The two instances' names, by index.
+const NAMES: [&str; 2] = ["chaos-a", "chaos-b"];
 
 fn env_or(key: &str, default: u64) -> u64 {
     std::env::var(key)
@@ -32,11 +38,9 @@ fn env_or(key: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn mgmt() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
+/// The local broker's management API, as guest.
+fn broker_api() -> Management {
+    Management::new(MANAGEMENT, Duration::from_secs(10)).expect("management API URL")
 }
 
 async fn admin(sql: &str) {
@@ -47,32 +51,45 @@ async fn admin(sql: &str) {
     db.close().await.ok();
 }
 
-/// One `serve` process.
-struct Service {
-    child: Child,
+fn rabbitmqctl(args: &[&str]) {
+    let status = Command::new("rabbitmqctl")
+        .args(args)
+        .stdout(Stdio::null())
+        .status()
+        .expect("rabbitmqctl");
+    assert!(status.success(), "rabbitmqctl {args:?}");
 }
 
-impl Service {
-    fn start(env: &HashMap<String, String>, name: &str, port: u16) -> Service {
-        let child = Command::new(BIN)
-            .arg("serve")
-            .envs(env)
-            .env("ORDER_TIMEOUT__HTTP__BIND", format!("127.0.0.1:{port}"))
-            .env("ORDER_TIMEOUT__AMQP__INSTANCE", name)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("serve starts");
-        Service { child }
+/// What the run stands on: its vhost, its database, the instances' settings
+/// and ports.
+struct World {
+    vhost: String,
+    db_name: String,
+    env: HashMap<String, String>,
+    ports: Vec<u16>,
+    /// The service's API, for every call the test makes.
+    client: reqwest::Client,
+}
+
+impl World {
+    /// The API of instance `i`.
+    fn base(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i])
+    }
+
+    /// Starts instance `i` (the runner kills it when dropped).
+    fn start(&self, i: usize) -> Process {
+        Serve::new(BIN)
+            .envs(self.env.clone())
+            .port(self.ports[i])
+            .instance(NAMES[i])
+            .start()
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The two `serve` instances; a slot is empty while its instance is killed.
+type Instances = Arc<Mutex<Vec<Option<Process>>>>;
 
 #[derive(Debug, Clone)]
 struct Placed {
@@ -87,51 +104,6 @@ struct Counters {
     pays_uncertain: AtomicUsize,
 }
 
-async fn kill_connections(vhost: &str) -> usize {
-    let Ok(resp) = mgmt()
-        .get(format!("{MANAGEMENT}/vhosts/{vhost}/connections"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-    else {
-        return 0;
-    };
-    let connections: Vec<Value> = resp.json().await.unwrap_or_default();
-    let mut n = 0;
-    for c in connections {
-        let name: String = c["name"]
-            .as_str()
-            .unwrap_or_default()
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        if mgmt()
-            .delete(format!("{MANAGEMENT}/connections/{name}"))
-            .basic_auth("guest", Some("guest"))
-            .send()
-            .await
-            .is_ok()
-        {
-            n += 1;
-        }
-    }
-    n
-}
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
-        .args(args)
-        .stdout(Stdio::null())
-        .status()
-        .expect("rabbitmqctl");
-    assert!(status.success(), "rabbitmqctl {args:?}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "minutes long and stops the broker application: run with `make chaos`"]
 async fn chaos_ledger() {
@@ -139,7 +111,34 @@ async fn chaos_ledger() {
     let rate = env_or("CHAOS_ORDERS_PER_SECOND", 40);
     let started_at = chrono::Utc::now();
 
-    // A vhost and a database of our own.
+    let world = Arc::new(setup().await);
+    let instances: Instances =
+        Arc::new(Mutex::new(vec![Some(world.start(0)), Some(world.start(1))]));
+    wait_ready(&instances, 0).await;
+    wait_ready(&instances, 1).await;
+    put_stock(&world).await;
+    println!(
+        "chaos: {duration:?} of {rate} orders/s on vhost {}, database {}",
+        world.vhost, world.db_name
+    );
+
+    let counters = Arc::new(Counters::default());
+    let deadline = Instant::now() + duration;
+    let generator = tokio::spawn(load(world.clone(), counters.clone(), rate, deadline));
+    let faults = faults(&world, &instances, duration, deadline).await;
+    let placed = generator.await.unwrap();
+    println!("chaos: {} orders placed; settling", placed.len());
+
+    wait_ready(&instances, 0).await;
+    let orders = settle(&world, &placed).await;
+    let ledger = ledger(&world, &placed, &orders, &counters).await;
+    report(&ledger, &faults, started_at, duration, rate).await;
+    teardown(&world, &instances).await;
+    ledger.assert_balances(duration, rate);
+}
+
+/// A vhost and a database of our own, migrated once.
+async fn setup() -> World {
     let vhost = format!(
         "ot-chaos-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -148,18 +147,7 @@ async fn chaos_ledger() {
         "ot_chaos_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
-    let http = mgmt();
-    http.put(format!("{MANAGEMENT}/vhosts/{vhost}"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-        .unwrap();
-    http.put(format!("{MANAGEMENT}/permissions/{vhost}/guest"))
-        .basic_auth("guest", Some("guest"))
-        .json(&json!({"configure": ".*", "write": ".*", "read": ".*"}))
-        .send()
-        .await
-        .unwrap();
+    broker_api().create_vhost(&vhost).await.unwrap();
     admin(&format!("CREATE DATABASE {db_name}")).await;
     let env: HashMap<String, String> = [
         (
@@ -178,201 +166,218 @@ async fn chaos_ledger() {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-
-    // Migrate once, then two instances.
     let status = Command::new(BIN)
         .args(["migrate", "up"])
         .envs(&env)
         .status()
         .unwrap();
     assert!(status.success(), "migrate");
-    let ports: Vec<u16> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
+    let ports = (0..2)
+        .map(|_| order_timeout_harness::free_port().unwrap())
         .collect();
-    let services = Arc::new(Mutex::new(vec![
-        Some(Service::start(&env, "chaos-a", ports[0])),
-        Some(Service::start(&env, "chaos-b", ports[1])),
-    ]));
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let ready = |base: String| {
-        let client = client.clone();
-        async move {
-            for _ in 0..600 {
-                if client
-                    .get(format!("{base}/readyz"))
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-                {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("{base} never ready");
-        }
-    };
-    for p in &ports {
-        ready(format!("http://127.0.0.1:{p}")).await;
+    World {
+        vhost,
+        db_name,
+        env,
+        ports,
+        client,
     }
+}
+
+/// Waits until instance `i` answers `/readyz`.
+async fn wait_ready(instances: &Instances, i: usize) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut all = instances.lock().await;
+    let process = all[i].as_mut().expect("the instance runs");
+    process
+        .wait_ready(&client, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+async fn put_stock(world: &World) {
     for sku in SKUS {
-        let resp = client
-            .put(format!("http://127.0.0.1:{}/inventory/{sku}", ports[0]))
+        let resp = world
+            .client
+            .put(format!("{}/inventory/{sku}", world.base(0)))
             .json(&json!({"available": STOCK}))
             .send()
             .await
             .unwrap();
         assert!(resp.status().is_success());
     }
-    println!("chaos: {duration:?} of {rate} orders/s on vhost {vhost}, database {db_name}");
+}
 
-    // Orders: windows of 2 to 8 s, about a third paid inside their window.
+/// Orders at `rate` a second until `deadline`, through both instances in
+/// turn: windows of 2 to 8 s, about a third paid inside their window.
+async fn load(
+    world: Arc<World>,
+    counters: Arc<Counters>,
+    rate: u64,
+    deadline: Instant,
+) -> Vec<Placed> {
     let placed = Arc::new(Mutex::new(Vec::<Placed>::new()));
-    let counters = Arc::new(Counters::default());
-    let deadline = Instant::now() + duration;
-    let generator = {
-        let (placed, counters, client, ports) = (
-            placed.clone(),
-            counters.clone(),
-            client.clone(),
-            ports.clone(),
-        );
-        tokio::spawn(async move {
-            let mut n: u64 = 0;
-            let mut tasks = Vec::new();
-            while Instant::now() < deadline {
-                n += 1;
-                let base = format!("http://127.0.0.1:{}", ports[(n % 2) as usize]);
-                let items: Vec<(String, i64)> = vec![
-                    (SKUS[(n % 5) as usize].to_string(), 1 + (n % 3) as i64),
-                    (SKUS[((n + 2) % 5) as usize].to_string(), 1),
-                ];
-                let window_ms = 2000 + (n * 7919 % 6000);
-                let pay = n.is_multiple_of(3);
-                let (placed, counters, client) = (placed.clone(), counters.clone(), client.clone());
-                tasks.push(tokio::spawn(async move {
-                    let body = json!({
-                        "items": items.iter().map(|(s, q)| json!({"sku": s, "quantity": q})).collect::<Vec<_>>(),
-                        "payment_window": format!("{window_ms}ms"),
-                    });
-                    let Ok(resp) = client.post(format!("{base}/orders")).json(&body).send().await else {
-                        counters.checkouts_refused.fetch_add(1, Ordering::Relaxed);
-                        return;
-                    };
-                    if resp.status() != 201 {
-                        counters.checkouts_refused.fetch_add(1, Ordering::Relaxed);
-                        return;
+    let mut n: u64 = 0;
+    let mut tasks = Vec::new();
+    while Instant::now() < deadline {
+        n += 1;
+        let base = world.base((n % 2) as usize);
+        let items: Vec<(String, i64)> = vec![
+            (SKUS[(n % 5) as usize].to_string(), 1 + (n % 3) as i64),
+            (SKUS[((n + 2) % 5) as usize].to_string(), 1),
+        ];
+        let window_ms = 2000 + (n * 7919 % 6000);
+        let pay = n.is_multiple_of(3);
+        let (placed, counters, client) = (placed.clone(), counters.clone(), world.client.clone());
+        tasks.push(tokio::spawn(async move {
+            let Some(id) = checkout(&client, &base, &items, window_ms).await else {
+                counters.checkouts_refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            };
+            let mut paid = false;
+            if pay {
+                // The scenario: paid a third of the way into its window.
+                tokio::time::sleep(Duration::from_millis(window_ms / 3)).await;
+                match client.post(format!("{base}/orders/{id}/pay")).send().await {
+                    Ok(r) if r.status() == 200 => paid = true,
+                    Ok(r) if r.status() == 409 => {}
+                    // 503 or no answer: it may or may not have committed; the
+                    // ledger then accepts either end, with stock to match.
+                    _ => {
+                        counters.pays_uncertain.fetch_add(1, Ordering::Relaxed);
                     }
-                    let order: Value = resp.json().await.unwrap();
-                    let id = order["id"].as_str().unwrap().to_string();
-                    let mut paid = false;
-                    if pay {
-                        tokio::time::sleep(Duration::from_millis(window_ms / 3)).await;
-                        match client.post(format!("{base}/orders/{id}/pay")).send().await {
-                            Ok(r) if r.status() == 200 => paid = true,
-                            Ok(r) if r.status() == 409 => {}
-                            // 503 or no answer: it may or may not have committed; the
-                            // ledger then accepts either end, with stock to match.
-                            _ => {
-                                counters.pays_uncertain.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                    placed.lock().await.push(Placed { id, items, paid });
-                }));
-                tokio::time::sleep(Duration::from_micros(1_000_000 / rate)).await;
+                }
             }
-            for t in tasks {
-                let _ = t.await;
-            }
-        })
-    };
+            placed.lock().await.push(Placed { id, items, paid });
+        }));
+        // The scenario: the order rate.
+        tokio::time::sleep(Duration::from_micros(1_000_000 / rate)).await;
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    placed.lock().await.clone()
+}
 
-    // Faults, one after another, for as long as orders come in.
+/// Places one order; `None` when the service refused it or did not answer.
+async fn checkout(
+    client: &reqwest::Client,
+    base: &str,
+    items: &[(String, i64)],
+    window_ms: u64,
+) -> Option<String> {
+    let body = json!({
+        "items": items.iter().map(|(s, q)| json!({"sku": s, "quantity": q})).collect::<Vec<_>>(),
+        "payment_window": format!("{window_ms}ms"),
+    });
+    let resp = client
+        .post(format!("{base}/orders"))
+        .json(&body)
+        .send()
+        .await
+        .ok()?;
+    if resp.status() != 201 {
+        return None;
+    }
+    let order: Value = resp.json().await.unwrap();
+    Some(order["id"].as_str().unwrap().to_string())
+}
+
+/// Faults, one after another, for as long as orders come in; returns what
+/// was done, and when.
+async fn faults(
+    world: &World,
+    instances: &Instances,
+    duration: Duration,
+    deadline: Instant,
+) -> Vec<String> {
     let mut faults: Vec<String> = Vec::new();
     let mut round = 0;
     while Instant::now() + Duration::from_secs(12) < deadline {
+        // The scenario: six seconds of orders between faults.
         tokio::time::sleep(Duration::from_secs(6)).await;
         round += 1;
         let at = format!(
             "{:>5.1}s",
             (duration - deadline.saturating_duration_since(Instant::now())).as_secs_f64()
         );
-        match round % 4 {
-            1 => {
-                let n = kill_connections(&vhost).await;
-                faults.push(format!(
-                    "{at} closed {n} broker connections (management API)"
-                ));
-            }
-            2 => {
-                rabbitmqctl(&["stop_app"]);
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                rabbitmqctl(&["start_app"]);
-                rabbitmqctl(&["await_startup"]);
-                faults.push(format!(
-                    "{at} stopped the broker application for 5 s (rabbitmqctl stop_app / start_app)"
-                ));
-            }
-            3 => {
-                admin(&format!("ALTER DATABASE {db_name} ALLOW_CONNECTIONS false")).await;
-                admin(&format!(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db_name}'"
-                ))
-                .await;
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                admin(&format!("ALTER DATABASE {db_name} ALLOW_CONNECTIONS true")).await;
-                faults.push(format!(
-                    "{at} refused and cut every database connection for 5 s"
-                ));
-            }
-            _ => {
-                let victim = round / 4 % 2;
-                let mut all = services.lock().await;
-                if let Some(mut s) = all[victim].take() {
-                    let _ = s.child.kill();
-                    let _ = s.child.wait();
-                }
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                all[victim] = Some(Service::start(
-                    &env,
-                    if victim == 0 { "chaos-a" } else { "chaos-b" },
-                    ports[victim],
-                ));
-                faults.push(format!(
-                    "{at} SIGKILLed serve instance {victim} and restarted it 2 s later"
-                ));
-            }
-        }
+        let what = match round % 4 {
+            1 => close_connections(&world.vhost).await,
+            2 => stop_broker().await,
+            3 => cut_database(&world.db_name).await,
+            _ => kill_instance(world, instances, round / 4 % 2).await,
+        };
+        faults.push(format!("{at} {what}"));
         println!("chaos: {}", faults.last().unwrap());
     }
-    generator.await.unwrap();
-    let placed = placed.lock().await.clone();
-    println!("chaos: {} orders placed; settling", placed.len());
+    faults
+}
 
-    // Settle: longest window 8 s, sweeper grace 10 s, interval 5 s.
-    let base = format!("http://127.0.0.1:{}", ports[0]);
-    ready(base.clone()).await;
+async fn close_connections(vhost: &str) -> String {
+    let n = broker_api()
+        .close_connections(vhost, None)
+        .await
+        .unwrap_or_default()
+        .len();
+    format!("closed {n} broker connections (management API)")
+}
+
+async fn stop_broker() -> String {
+    rabbitmqctl(&["stop_app"]);
+    // The scenario: the broker is away for 5 s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    rabbitmqctl(&["start_app"]);
+    rabbitmqctl(&["await_startup"]);
+    "stopped the broker application for 5 s (rabbitmqctl stop_app / start_app)".to_string()
+}
+
+async fn cut_database(db_name: &str) -> String {
+    admin(&format!("ALTER DATABASE {db_name} ALLOW_CONNECTIONS false")).await;
+    admin(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db_name}'"
+    ))
+    .await;
+    // The scenario: the database is away for 5 s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    admin(&format!("ALTER DATABASE {db_name} ALLOW_CONNECTIONS true")).await;
+    "refused and cut every database connection for 5 s".to_string()
+}
+
+async fn kill_instance(world: &World, instances: &Instances, victim: usize) -> String {
+    let mut all = instances.lock().await;
+    if let Some(mut process) = all[victim].take() {
+        process.kill();
+    }
+    // The scenario: the instance is away for 2 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    all[victim] = Some(world.start(victim));
+    format!("SIGKILLed serve instance {victim} and restarted it 2 s later")
+}
+
+/// Reads every order until none is pending (longest window 8 s, sweeper
+/// grace 10 s, interval 5 s), or 90 s have passed.
+async fn settle(world: &World, placed: &[Placed]) -> HashMap<String, Value> {
+    let base = world.base(0);
     let settle_until = Instant::now() + Duration::from_secs(90);
     let mut orders: HashMap<String, Value> = HashMap::new();
     loop {
         let mut pending = 0;
-        for p in &placed {
+        for p in placed {
             if orders
                 .get(&p.id)
                 .is_some_and(|o| o["status"] != "pending_payment")
             {
                 continue;
             }
-            let Ok(resp) = client
+            let Ok(resp) = world
+                .client
                 .get(format!("{base}/orders/{}?include=audit", p.id))
                 .send()
                 .await
@@ -388,14 +393,74 @@ async fn chaos_ledger() {
         if pending == 0 || Instant::now() > settle_until {
             break;
         }
+        // Polling: a round every 2 s until nothing is pending.
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    orders
+}
 
-    // The ledger.
-    let (mut lost, mut early, mut paid_then_cancelled, mut double_release, mut cancelled, mut paid) =
-        (0, 0, 0, 0, 0, 0);
-    let mut sold_expected: HashMap<String, i64> = HashMap::new();
-    for p in &placed {
+/// Every figure of the run, and what the verdict reads.
+struct Ledger {
+    placed: usize,
+    lost: usize,
+    early: usize,
+    paid_then_cancelled: usize,
+    double_release: usize,
+    stock_ok: bool,
+    stock_lines: Vec<String>,
+    parked_count: i64,
+    published: Vec<u64>,
+    outbox_left: i64,
+    set_aside: i64,
+    figures: Vec<(&'static str, String)>,
+}
+
+impl Ledger {
+    fn assert_balances(&self, duration: Duration, rate: u64) {
+        assert_eq!(
+            (
+                self.lost,
+                self.early,
+                self.paid_then_cancelled,
+                self.double_release
+            ),
+            (0, 0, 0, 0),
+            "the ledger does not balance"
+        );
+        assert!(self.stock_ok, "stock not conserved");
+        assert_eq!(self.parked_count, 0, "unexpected parked messages");
+        assert_eq!(
+            (self.outbox_left, self.set_aside),
+            (0, 0),
+            "outbox not drained"
+        );
+        assert!(
+            self.published.iter().all(|n| *n > 0),
+            "both relays publish: {:?}",
+            self.published
+        );
+        assert!(
+            self.placed as u64 > duration.as_secs() * rate / 2,
+            "too few orders placed"
+        );
+    }
+}
+
+/// Tallies of the orders' ends against what the test did to them.
+#[derive(Default)]
+struct Ends {
+    lost: usize,
+    early: usize,
+    paid_then_cancelled: usize,
+    double_release: usize,
+    cancelled: usize,
+    paid: usize,
+    sold_expected: HashMap<String, i64>,
+}
+
+fn ends(placed: &[Placed], orders: &HashMap<String, Value>) -> Ends {
+    let mut ends = Ends::default();
+    for p in placed {
         let o = &orders[&p.id];
         let status = o["status"].as_str().unwrap_or("missing");
         let cancels = o["audit"]
@@ -403,36 +468,44 @@ async fn chaos_ledger() {
             .map(|a| a.iter().filter(|e| e["event"] == "cancelled").count())
             .unwrap_or(0);
         if cancels > 1 {
-            double_release += 1;
+            ends.double_release += 1;
         }
         match status {
             "cancelled" => {
-                cancelled += 1;
+                ends.cancelled += 1;
                 if p.paid {
-                    paid_then_cancelled += 1;
+                    ends.paid_then_cancelled += 1;
                 }
                 let at = chrono::DateTime::parse_from_rfc3339(o["cancelled_at"].as_str().unwrap())
                     .unwrap();
                 let due = chrono::DateTime::parse_from_rfc3339(o["pay_deadline"].as_str().unwrap())
                     .unwrap();
                 if at < due {
-                    early += 1;
+                    ends.early += 1;
                 }
             }
             "paid" => {
-                paid += 1;
+                ends.paid += 1;
                 for (sku, q) in &p.items {
-                    *sold_expected.entry(sku.clone()).or_default() += q;
+                    *ends.sold_expected.entry(sku.clone()).or_default() += q;
                 }
             }
-            _ => lost += 1,
+            _ => ends.lost += 1,
         }
     }
+    ends
+}
+
+/// Per SKU: available + reserved + sold is what was stocked, nothing is
+/// reserved, and sold matches the paid orders. Returns the verdict and a
+/// table row per SKU.
+async fn stock_check(world: &World, sold_expected: &HashMap<String, i64>) -> (bool, Vec<String>) {
     let mut stock_ok = true;
     let mut stock_lines = Vec::new();
     for sku in SKUS {
-        let s: Value = client
-            .get(format!("{base}/inventory/{sku}"))
+        let s: Value = world
+            .client
+            .get(format!("{}/inventory/{sku}", world.base(0)))
             .send()
             .await
             .unwrap()
@@ -453,21 +526,17 @@ async fn chaos_ledger() {
             if ok { "yes" } else { "**NO**" }
         ));
     }
-    let parked: Value = mgmt()
-        .get(format!("{MANAGEMENT}/queues/{vhost}/order.timeouts.parked"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let parked_count = parked["messages"].as_i64().unwrap_or(-1);
-    // Both instances run their relay: each publishes the rows it claimed.
+    (stock_ok, stock_lines)
+}
+
+/// Timeouts each instance's relay published since its last start (both run
+/// their relay: each publishes the rows it claimed).
+async fn published_by_each(world: &World) -> Vec<u64> {
     let mut published = Vec::new();
-    for port in &ports {
-        let text = client
-            .get(format!("http://127.0.0.1:{port}/metrics"))
+    for i in 0..world.ports.len() {
+        let text = world
+            .client
+            .get(format!("{}/metrics", world.base(i)))
             .send()
             .await
             .unwrap()
@@ -481,30 +550,54 @@ async fn chaos_ledger() {
             .sum();
         published.push(n as u64);
     }
-    let (outbox_left, set_aside) = {
-        let db = Database::connect(format!("postgres://postgres@127.0.0.1:5432/{db_name}"))
-            .await
-            .unwrap();
-        let count = |sql: &'static str| {
-            let db = db.clone();
-            async move {
-                let row = db
-                    .query_one_raw(sea_orm::Statement::from_string(
-                        sea_orm::DbBackend::Postgres,
-                        sql,
-                    ))
-                    .await
-                    .unwrap()
-                    .unwrap();
-                row.try_get_by_index::<i64>(0).unwrap()
-            }
-        };
-        let left = count("SELECT COUNT(*) FROM outbox WHERE set_aside_at_ms IS NULL").await;
-        let aside = count("SELECT COUNT(*) FROM outbox WHERE set_aside_at_ms IS NOT NULL").await;
-        db.close().await.ok();
-        (left, aside)
+    published
+}
+
+/// Outbox rows left unpublished, and rows set aside.
+async fn outbox_rows(db_name: &str) -> (i64, i64) {
+    let db = Database::connect(format!("postgres://postgres@127.0.0.1:5432/{db_name}"))
+        .await
+        .unwrap();
+    let count = |sql: &'static str| {
+        let db = db.clone();
+        async move {
+            let row = db
+                .query_one_raw(sea_orm::Statement::from_string(
+                    sea_orm::DbBackend::Postgres,
+                    sql,
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            row.try_get_by_index::<i64>(0).unwrap()
+        }
     };
-    let figures = [
+    let left = count("SELECT COUNT(*) FROM outbox WHERE set_aside_at_ms IS NULL").await;
+    let aside = count("SELECT COUNT(*) FROM outbox WHERE set_aside_at_ms IS NOT NULL").await;
+    db.close().await.ok();
+    (left, aside)
+}
+
+/// The ledger: the orders' ends, the stock, the parked queue, the relays and
+/// the outbox.
+async fn ledger(
+    world: &World,
+    placed: &[Placed],
+    orders: &HashMap<String, Value>,
+    counters: &Counters,
+) -> Ledger {
+    let ends = ends(placed, orders);
+    let (stock_ok, stock_lines) = stock_check(world, &ends.sold_expected).await;
+    let parked_count = broker_api()
+        .get_opt(&format!("/queues/{}/order.timeouts.parked", world.vhost))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|q| q["messages"].as_i64())
+        .unwrap_or(-1);
+    let published = published_by_each(world).await;
+    let (outbox_left, set_aside) = outbox_rows(&world.db_name).await;
+    let figures = vec![
         ("orders placed", placed.len().to_string()),
         (
             "checkouts refused during faults (503 or no answer)",
@@ -517,17 +610,17 @@ async fn chaos_ledger() {
             "payments with no certain answer",
             counters.pays_uncertain.load(Ordering::Relaxed).to_string(),
         ),
-        ("cancelled", cancelled.to_string()),
-        ("paid (and still paid)", paid.to_string()),
-        ("lost (unpaid, not cancelled)", lost.to_string()),
-        ("cancelled before the deadline", early.to_string()),
+        ("cancelled", ends.cancelled.to_string()),
+        ("paid (and still paid)", ends.paid.to_string()),
+        ("lost (unpaid, not cancelled)", ends.lost.to_string()),
+        ("cancelled before the deadline", ends.early.to_string()),
         (
             "paid with a 200, then cancelled",
-            paid_then_cancelled.to_string(),
+            ends.paid_then_cancelled.to_string(),
         ),
         (
             "double releases (two cancels in an audit trail)",
-            double_release.to_string(),
+            ends.double_release.to_string(),
         ),
         ("stock conserved for every SKU", stock_ok.to_string()),
         (
@@ -541,10 +634,39 @@ async fn chaos_ledger() {
         ("outbox rows left unpublished", outbox_left.to_string()),
         ("outbox rows set aside", set_aside.to_string()),
     ];
-    for (k, v) in &figures {
+    Ledger {
+        placed: placed.len(),
+        lost: ends.lost,
+        early: ends.early,
+        paid_then_cancelled: ends.paid_then_cancelled,
+        double_release: ends.double_release,
+        stock_ok,
+        stock_lines,
+        parked_count,
+        published,
+        outbox_left,
+        set_aside,
+        figures,
+    }
+}
+
+/// Prints the figures and writes `docs/RELIABILITY.md`.
+async fn report(
+    ledger: &Ledger,
+    faults: &[String],
+    started_at: chrono::DateTime<chrono::Utc>,
+    duration: Duration,
+    rate: u64,
+) {
+    for (k, v) in &ledger.figures {
         println!("chaos: {k:<52} {v}");
     }
-
+    let rabbit = broker_api()
+        .broker_version()
+        .await
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "?".to_string());
     let report = format!(
         "# Reliability: the chaos ledger\n\n\
          Produced by `make chaos` (`cargo test --release --test chaos -- --ignored --nocapture`), \
@@ -559,64 +681,34 @@ async fn chaos_ledger() {
          have committed; the ledger accepts either end for those orders, and the stock check \
          then counts what the database says was paid.\n",
         started = started_at.format("%Y-%m-%d %H:%M UTC"),
-        rabbit = rabbit_version().await,
         secs = duration.as_secs(),
         faults = faults
             .iter()
             .map(|f| format!("- {f}"))
             .collect::<Vec<_>>()
             .join("\n"),
-        rows = figures
+        rows = ledger
+            .figures
             .iter()
             .map(|(k, v)| format!("| {k} | {v} |"))
             .collect::<Vec<_>>()
             .join("\n"),
-        stock = stock_lines.join("\n"),
+        stock = ledger.stock_lines.join("\n"),
     );
     std::fs::write(
         concat!(env!("CARGO_MANIFEST_DIR"), "/docs/RELIABILITY.md"),
         report,
     )
     .unwrap();
-
-    drop(services.lock().await.drain(..).collect::<Vec<_>>());
-    let _ = mgmt()
-        .delete(format!("{MANAGEMENT}/vhosts/{vhost}"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await;
-    admin(&format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")).await;
-
-    assert_eq!(
-        (lost, early, paid_then_cancelled, double_release),
-        (0, 0, 0, 0),
-        "the ledger does not balance"
-    );
-    assert!(stock_ok, "stock not conserved");
-    assert_eq!(parked_count, 0, "unexpected parked messages");
-    assert_eq!((outbox_left, set_aside), (0, 0), "outbox not drained");
-    assert!(
-        published.iter().all(|n| *n > 0),
-        "both relays publish: {published:?}"
-    );
-    assert!(
-        placed.len() as u64 > duration.as_secs() * rate / 2,
-        "too few orders placed"
-    );
 }
 
-async fn rabbit_version() -> String {
-    let overview: Value = match mgmt()
-        .get(format!("{MANAGEMENT}/overview"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await
-    {
-        Ok(r) => r.json().await.unwrap_or(Value::Null),
-        Err(_) => Value::Null,
-    };
-    overview["rabbitmq_version"]
-        .as_str()
-        .unwrap_or("?")
-        .to_string()
+/// Stops the instances and removes the vhost and the database.
+async fn teardown(world: &World, instances: &Instances) {
+    drop(instances.lock().await.drain(..).collect::<Vec<_>>());
+    let _ = broker_api().delete_vhost(&world.vhost).await;
+    admin(&format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        world.db_name
+    ))
+    .await;
 }

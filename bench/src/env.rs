@@ -5,107 +5,46 @@
 //! Each resource is created by one function and removed by [`Resources::cleanup`],
 //! which the caller runs on every exit path (success, failure, Ctrl-C).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
+use order_timeout_harness::{Process, Serve};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-/// The RabbitMQ management API: base URL (`…/api`) and credentials.
+/// The RabbitMQ management API (the harness's client; errors here say which
+/// option was wrong, and are `anyhow` like the rest of the bench).
 #[derive(Clone)]
-pub struct Management {
-    /// Client for every management call.
-    http: reqwest::Client,
-    /// `http://host:15672/api`, without credentials.
-    base: String,
-    /// User name.
-    user: String,
-    /// Password.
-    password: String,
-}
+pub struct Management(order_timeout_harness::Management);
 
 impl Management {
     /// Parses `http://user:pass@host:port/api` (credentials default to guest/guest).
     pub fn new(raw: &str) -> anyhow::Result<Self> {
-        let mut url = url::Url::parse(raw).with_context(|| "--management is not a URL")?;
-        let user = match url.username() {
-            "" => "guest".to_string(),
-            u => u.to_string(),
-        };
-        let password = url.password().unwrap_or("guest").to_string();
-        let _ = url.set_username("");
-        let _ = url.set_password(None);
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()?;
-        Ok(Self {
-            http,
-            base: url.as_str().trim_end_matches('/').to_string(),
-            user,
-            password,
-        })
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<reqwest::Response> {
-        let mut req = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.base))
-            .basic_auth(&self.user, Some(&self.password));
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let resp = req.send().await.with_context(|| {
-            format!("management API {method} {path} (is the management plugin on?)")
-        })?;
-        if !resp.status().is_success() {
-            bail!("management API {method} {path}: {}", resp.status());
-        }
-        Ok(resp)
+        let api = order_timeout_harness::Management::new(raw, Duration::from_secs(60))
+            .with_context(|| "--management is not a URL")?;
+        Ok(Self(api))
     }
 
     /// GET a JSON document.
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
-        Ok(self
-            .call(reqwest::Method::GET, path, None)
-            .await?
-            .json()
-            .await?)
+        Ok(self.0.get(path).await?)
     }
 
     /// Whether the broker offers the `x-delayed-message` exchange type.
     pub async fn plugin_available(&self) -> anyhow::Result<bool> {
-        let overview = self.get("/overview").await?;
-        Ok(overview["exchange_types"]
-            .as_array()
-            .is_some_and(|types| types.iter().any(|t| t["name"] == "x-delayed-message")))
+        Ok(self.0.plugin_available().await?)
     }
 
     /// Creates a vhost and gives our user every right in it.
     pub async fn create_vhost(&self, name: &str) -> anyhow::Result<()> {
-        self.call(reqwest::Method::PUT, &format!("/vhosts/{name}"), None)
-            .await?;
-        self.call(
-            reqwest::Method::PUT,
-            &format!("/permissions/{name}/{}", self.user),
-            Some(json!({"configure": ".*", "write": ".*", "read": ".*"})),
-        )
-        .await?;
-        Ok(())
+        Ok(self.0.create_vhost(name).await?)
     }
 
     /// Deletes a vhost with everything in it.
     pub async fn delete_vhost(&self, name: &str) -> anyhow::Result<()> {
-        self.call(reqwest::Method::DELETE, &format!("/vhosts/{name}"), None)
-            .await?;
-        Ok(())
+        Ok(self.0.delete_vhost(name).await?)
     }
 }
 
@@ -207,10 +146,11 @@ async fn admin_connect(admin: &str) -> Result<DatabaseConnection, sea_orm::DbErr
     Database::connect(options).await
 }
 
-/// The service under test, a child process running `serve`.
+/// The service under test, a child process running `serve` (the harness's
+/// runner, with the bench's `/proc` readings on top).
 pub struct Service {
     /// The child.
-    child: Child,
+    process: Process,
     /// `http://127.0.0.1:<port>`.
     pub base: String,
     /// Where its stdout and stderr go.
@@ -232,8 +172,7 @@ pub struct ProcStats {
 
 /// A port nobody listens on now (the child binds it a moment later).
 pub fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    Ok(order_timeout_harness::free_port()?)
 }
 
 impl Service {
@@ -245,26 +184,17 @@ impl Service {
         port: u16,
         log: PathBuf,
     ) -> anyhow::Result<Self> {
-        let exe = service_binary()?;
-        if let Some(dir) = log.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let out = std::fs::File::create(&log)
-            .with_context(|| format!("cannot write {}", log.display()))?;
-        let err = out.try_clone()?;
-        let mut cmd = Command::new(exe);
+        let mut serve = Serve::new(service_binary()?)
+            .envs(env.iter().cloned())
+            .port(port)
+            .log(&log);
         if let Some(config) = config {
-            cmd.arg("--config").arg(config);
+            serve = serve.config(config);
         }
-        cmd.arg("serve")
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        let child = cmd.spawn().context("cannot start the service under test")?;
+        let process = serve.start()?;
         Ok(Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
+            base: process.base().to_string(),
+            process,
             log,
             ticks: clock_ticks(),
         })
@@ -272,18 +202,12 @@ impl Service {
 
     /// The child's pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Fails if the child has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "the service under test exited ({status}); see {}",
-                self.log.display()
-            );
-        }
-        Ok(())
+        Ok(self.process.check_alive()?)
     }
 
     /// Waits until `/readyz` answers 200 (database and every broker role up).
@@ -292,23 +216,7 @@ impl Service {
         http: &reqwest::Client,
         limit: Duration,
     ) -> anyhow::Result<()> {
-        let start = Instant::now();
-        loop {
-            self.check_alive()?;
-            if let Ok(resp) = http.get(format!("{}/readyz", self.base)).send().await
-                && resp.status().is_success()
-            {
-                return Ok(());
-            }
-            if start.elapsed() > limit {
-                bail!(
-                    "the service under test was not ready within {}s; see {}",
-                    limit.as_secs(),
-                    self.log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        Ok(self.process.wait_ready(http, limit).await?)
     }
 
     /// Peak RSS, current RSS and CPU time so far.
@@ -321,35 +229,10 @@ impl Service {
         self.ticks
     }
 
-    /// SIGTERM, a graceful wait, then SIGKILL.
+    /// SIGTERM, a graceful wait, then SIGKILL. (Dropping the service kills
+    /// the child too: it never outlives the bench.)
     pub fn stop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.pid().to_string())
-            .stderr(Stdio::null())
-            .status();
-        let until = Instant::now() + Duration::from_secs(25);
-        while Instant::now() < until {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        // Whatever path we leave by, the child does not outlive the bench.
-        if !matches!(self.child.try_wait(), Ok(Some(_))) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.process.stop();
     }
 }
 

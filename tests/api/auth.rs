@@ -4,10 +4,11 @@
 //! without tokens does not start, and that tokens are never shown.
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use order_timeout::settings::{Settings, SettingsSource};
+use order_timeout_harness::Serve;
 use serde_json::{Value, json};
 
 use crate::helpers::*;
@@ -350,14 +351,9 @@ async fn operations_endpoints_are_open_unless_protected() {
         status("/healthz", base.clone(), anonymous.clone()).await,
         200
     );
-    let doc: Value = anonymous
-        .get(format!("{base}/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = Api::new(anonymous.clone(), base.clone())
+        .get_json("/openapi.json")
+        .await;
     for path in ["/readyz", "/metrics"] {
         assert_eq!(
             doc["paths"][path]["get"]["security"],
@@ -498,11 +494,8 @@ async fn tokens_never_reach_doctor_output_or_logs() {
     let checkout = new_token("checkout");
     let wrong = new_token("wrong");
     let db = std::env::temp_dir().join(format!("ot-auth-{}.db", uuid::Uuid::new_v4().simple()));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = order_timeout_harness::free_port().unwrap();
+    let log = std::env::temp_dir().join(format!("ot-auth-{}.log", uuid::Uuid::new_v4().simple()));
     let env = [
         ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", admin.clone()),
         ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", checkout.clone()),
@@ -536,20 +529,17 @@ async fn tokens_never_reach_doctor_output_or_logs() {
         assert!(!doctor.contains(token.as_str()), "{doctor}");
     }
 
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    let anonymous = api_client(None);
-    wait_until(Duration::from_secs(30), "the HTTP API answers", || async {
-        let resp = anonymous.get(format!("{base}/healthz")).send().await.ok()?;
-        resp.status().is_success().then_some(())
-    })
-    .await;
+    let mut child = Serve::new(BIN)
+        .envs(env.iter().map(|(k, v)| (*k, v.clone())))
+        .port(port)
+        .log(&log)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let base = child.base().to_string();
+    child
+        .wait_live(&api_client(None), Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     for (token, expected) in [(&admin, 200), (&checkout, 403), (&wrong, 401)] {
         let resp = api_client(Some(token))
             .put(format!("{base}/inventory/A"))
@@ -559,14 +549,10 @@ async fn tokens_never_reach_doctor_output_or_logs() {
             .unwrap();
         assert_eq!(resp.status(), expected);
     }
-    let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
+    child.kill();
+    let logs = child.log_text();
     let _ = std::fs::remove_file(&db);
-    let logs = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let _ = std::fs::remove_file(&log);
     assert!(
         logs.contains("HTTP request refused by authentication"),
         "{logs}"

@@ -1,5 +1,6 @@
-//! Publishers in other languages, following the README's contract, work the
-//! same as our own relay. `make test` installs their client libraries.
+//! Publishers in other languages (Python with pika, Node with amqplib, curl
+//! on the management API), following the README's contract, work the same as
+//! our own relay. `make test` installs their client libraries.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -17,13 +18,9 @@ fn python() -> Option<PathBuf> {
     venv.exists().then_some(venv)
 }
 
-pub fn example(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
 /// Skips (saying why) when run outside `make test` without the client library;
 /// under `make test` (ORDER_TIMEOUT_REQUIRE_EXAMPLES=1) a missing one fails.
-pub fn missing(what: &str) {
+fn missing(what: &str) {
     if std::env::var("ORDER_TIMEOUT_REQUIRE_EXAMPLES").is_ok() {
         panic!("{what} is required under make test");
     }
@@ -40,7 +37,7 @@ async fn publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
     };
     example_cancels_an_order(backend, mode, |app, id| {
         Command::new(&python)
-            .arg(example("rabbitmq/examples/python/publish_timeout.py"))
+            .arg(repo_path("rabbitmq/examples/python/publish_timeout.py"))
             .args([
                 "--url",
                 &app.amqp_url,
@@ -60,7 +57,7 @@ async fn publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
 /// Runs a publisher example for a fresh order with a 2 s window, relay off so
 /// the example's message is the only timeout; the order is cancelled within a
 /// second of its deadline and its stock is back.
-pub async fn example_cancels_an_order<F>(backend: Backend, mode: DelayMode, publish: F)
+async fn example_cancels_an_order<F>(backend: Backend, mode: DelayMode, publish: F)
 where
     F: FnOnce(&TestApp, &str) -> Output,
 {
@@ -113,5 +110,95 @@ async fn python_pika_postgres_plugin() {
         DelayMode::Plugin,
         publishes_a_working_timeout,
     )
+    .await
+}
+
+/// amqplib's folder: `ORDER_TIMEOUT_TEST_NODE_MODULES`, else the example's own
+/// `node_modules` that `make examples-deps` installs.
+fn node_modules() -> Option<PathBuf> {
+    let dir = std::env::var("ORDER_TIMEOUT_TEST_NODE_MODULES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_path("rabbitmq/examples/node/node_modules"));
+    dir.join("amqplib").exists().then_some(dir)
+}
+
+fn runs(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+async fn node_publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
+    let Some(modules) = node_modules().filter(|_| runs("node")) else {
+        return missing("node with amqplib");
+    };
+    example_cancels_an_order(backend, mode, |app, id| {
+        Command::new("node")
+            .arg(repo_path("rabbitmq/examples/node/publish_timeout.js"))
+            .args(["--url", &app.amqp_url, "--exchange", app.names.entry()])
+            .args(["--order-id", id, "--delay-ms", "2000"])
+            .env("NODE_PATH", modules)
+            .output()
+            .expect("node runs")
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_amqplib_sqlite_ttl() {
+    run(
+        Backend::Sqlite,
+        DelayMode::Ttl,
+        node_publishes_a_working_timeout,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_amqplib_postgres_plugin() {
+    run(
+        Backend::Postgres,
+        DelayMode::Plugin,
+        node_publishes_a_working_timeout,
+    )
+    .await
+}
+
+/// The management HTTP API publisher, in both modes (the entry exchange is a
+/// fanout in both, so the script's `routed` check holds with the plugin too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_management_api_mariadb_ttl() {
+    run(
+        Backend::MariaDb,
+        DelayMode::Ttl,
+        curl_publishes_a_working_timeout,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_management_api_sqlite_plugin() {
+    run(
+        Backend::Sqlite,
+        DelayMode::Plugin,
+        curl_publishes_a_working_timeout,
+    )
+    .await
+}
+
+async fn curl_publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
+    if !(runs("curl") && runs("jq") && runs("bash")) {
+        return missing("curl, jq and bash");
+    }
+    example_cancels_an_order(backend, mode, |app, id| {
+        Command::new("bash")
+            .arg(repo_path("rabbitmq/examples/curl/publish_timeout.sh"))
+            .args(["--url", &management_base(true)])
+            .args(["--vhost", &app.vhost, "--exchange", app.names.entry()])
+            .args(["--order-id", id, "--delay-ms", "2000"])
+            .output()
+            .expect("bash runs")
+    })
     .await
 }

@@ -59,6 +59,7 @@ async fn orders_over_many_skus(
             .unwrap();
         ids.push(order.id);
     }
+    // The scenario: the 1 ms windows pass, so every order is due.
     tokio::time::sleep(Duration::from_millis(5)).await;
     ids
 }
@@ -318,33 +319,18 @@ async fn refused_rows_wait_and_are_set_aside(backend: Backend) {
     .await;
     // 40 s lands in level 5 (32 s); 2 s never touches it.
     let full = app.names.level(5);
-    let policy = format!(
-        "{MANAGEMENT}/policies/{}/reject-level-5",
-        url_encode(&app.vhost)
-    );
-    let resp = management()
-        .put(&policy)
-        .basic_auth("guest", Some("guest"))
-        .json(&json!({
-            "pattern": format!("^{}$", regex_escape(&full)),
-            "definition": {"max-length": 0, "overflow": "reject-publish"},
-            "apply-to": "queues",
-            "priority": 10
-        }))
-        .send()
+    let policy = format!("/policies/{}/reject-level-5", url_encode(&app.vhost));
+    let rule = json!({
+        "pattern": format!("^{}$", regex_escape(&full)),
+        "definition": {"max-length": 0, "overflow": "reject-publish"},
+        "apply-to": "queues",
+        "priority": 10
+    });
+    broker_api()
+        .put(&policy, Some(&rule))
         .await
-        .unwrap();
-    assert!(resp.status().is_success(), "{}", resp.status());
-    wait_until(Duration::from_secs(20), "the policy applied", || async {
-        let q = api_get(&format!(
-            "/queues/{}/{}",
-            url_encode(&app.vhost),
-            url_encode(&full)
-        ))
-        .await;
-        (q["effective_policy_definition"]["overflow"] == "reject-publish").then_some(())
-    })
-    .await;
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_policy(&app, &full, "overflow", true).await;
 
     app.put_stock("A", 10).await;
     let mut refused = Vec::new();
@@ -379,13 +365,11 @@ async fn refused_rows_wait_and_are_set_aside(backend: Backend) {
     );
 
     // The operator removes the cause and puts the rows back, as the README says.
-    management()
+    broker_api()
         .delete(&policy)
-        .basic_auth("guest", Some("guest"))
-        .send()
         .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_policy(&app, &full, "overflow", false).await;
     app.ctx
         .db
         .execute_unprepared(
@@ -406,6 +390,22 @@ async fn refused_rows_wait_and_are_set_aside(backend: Backend) {
     for id in &refused {
         assert_eq!(app.get_order(id).await["status"], "pending_payment");
     }
+}
+
+/// Waits until a policy's `key` applies to one of our queues (`applied`), or
+/// no longer does: the broker applies a policy change a moment after the call.
+async fn wait_for_policy(app: &TestApp, queue: &str, key: &str, applied: bool) {
+    let path = format!("/queues/{}/{}", url_encode(&app.vhost), url_encode(queue));
+    let what = format!(
+        "policy key {key} {} {queue}",
+        if applied { "applied to" } else { "gone from" }
+    );
+    wait_until(Duration::from_secs(20), &what, || async {
+        let q = api_get(&path).await;
+        let has = !q["effective_policy_definition"][key].is_null();
+        (has == applied).then_some(())
+    })
+    .await;
 }
 
 fn regex_escape(s: &str) -> String {
@@ -506,6 +506,7 @@ async fn locks_follow_one_order(backend: Backend) {
         .unwrap();
         ids.push(order.id);
     }
+    // The scenario: the 1 ms windows pass, so every order is due.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let in_index_order: Vec<(String,)> = inventory::Entity::find()
         .select_only()
@@ -550,6 +551,8 @@ async fn locks_follow_one_order(backend: Backend) {
                 }
             })
         };
+        // The scenario: half a second in which the operation would finish, had
+        // it not waited for the lock (no condition to wait for: it must not happen).
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(
             !task.is_finished(),
@@ -587,6 +590,8 @@ async fn locks_follow_one_order(backend: Backend) {
             .await
         })
     };
+    // The scenario: half a second in which the batch would finish, had it not
+    // waited for the lock (no condition to wait for: it must not happen).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!batch.is_finished());
     let mut locked = BTreeMap::new();
@@ -629,15 +634,10 @@ async fn unbind_work_queue(app: &TestApp, kind: TimeoutKind) {
     assert_eq!(bindings.len(), 2, "{bindings:?}");
     for b in bindings {
         let props = url_encode(b["properties_key"].as_str().unwrap());
-        let resp = management()
-            .delete(format!(
-                "{MANAGEMENT}/bindings/{vhost}/e/{due}/q/{work}/{props}"
-            ))
-            .basic_auth("guest", Some("guest"))
-            .send()
+        broker_api()
+            .delete(&format!("/bindings/{vhost}/e/{due}/q/{work}/{props}"))
             .await
-            .unwrap();
-        assert!(resp.status().is_success(), "{}", resp.status());
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }
 
@@ -770,18 +770,15 @@ async fn an_earlier_topology_still_works(backend: Backend, mode: DelayMode) {
             "dead-letter-exchange",
         ),
     ] {
-        let resp = management()
-            .put(format!("{MANAGEMENT}/policies/{vhost}/{name}"))
-            .basic_auth("guest", Some("guest"))
-            .json(&json!({
-                "pattern": pattern,
-                "apply-to": apply_to,
-                "definition": {key: "order.timeouts.parked"},
-            }))
-            .send()
+        let rule = json!({
+            "pattern": pattern,
+            "apply-to": apply_to,
+            "definition": {key: "order.timeouts.parked"},
+        });
+        broker_api()
+            .put(&format!("/policies/{vhost}/{name}"), Some(&rule))
             .await
-            .unwrap();
-        assert!(resp.status().is_success(), "{}", resp.status());
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     unbind_work_queue(&app, TimeoutKind::Payment).await;
     app.put_stock("A", 1).await;
@@ -823,33 +820,28 @@ async fn parked_queue_is_bounded(backend: Backend, mode: DelayMode) {
         json!(1u64 << 30),
         "{q}"
     );
-    let resp = management()
-        .put(format!(
-            "{MANAGEMENT}/policies/{}/small-parked",
-            url_encode(&app.vhost)
-        ))
-        .basic_auth("guest", Some("guest"))
-        .json(&json!({
-            "pattern": format!("^{}$", regex_escape(&parked)),
-            "apply-to": "queues",
-            "definition": {"max-length-bytes": 2000},
-        }))
-        .send()
+    let rule = json!({
+        "pattern": format!("^{}$", regex_escape(&parked)),
+        "apply-to": "queues",
+        "definition": {"max-length-bytes": 2000},
+    });
+    broker_api()
+        .put(
+            &format!("/policies/{}/small-parked", url_encode(&app.vhost)),
+            Some(&rule),
+        )
         .await
-        .unwrap();
-    assert!(resp.status().is_success());
-    tokio::time::sleep(Duration::from_secs(1)).await;
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_policy(&app, &parked, "max-length-bytes", true).await;
     // Five bad bodies of 900 bytes, each parked by the router in turn.
     for i in 0..5u8 {
         let body = vec![b'a' + i; 900];
         app.publish_raw("payment", delay(1000), &body).await;
     }
-    let kept = wait_until(Duration::from_secs(20), "the newest two kept", || async {
-        let depth = app.queue_depth(&parked).await;
-        (depth == 2).then_some(depth)
+    wait_until(Duration::from_secs(20), "the newest two kept", || async {
+        (app.queue_depth(&parked).await == 2).then_some(())
     })
     .await;
-    assert_eq!(kept, 2);
     let newest: Vec<u8> = app
         .drain_parked()
         .await
@@ -911,6 +903,7 @@ async fn the_sweeper_sweeps_each_kind_on_its_own(backend: Backend, mode: DelayMo
     for _ in 0..5 {
         unpaid.push(app.order(&[("A", 1)], "1ms").await);
     }
+    // The scenario: the 1 ms windows pass, so every order is due.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let refuse = match backend {
         Backend::Sqlite => vec![

@@ -21,6 +21,8 @@ use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+pub use order_timeout_harness::{Management, url_encode};
+
 /// The broker's management API and AMQP address (without a vhost). The
 /// machine's own broker unless `ORDER_TIMEOUT_TEST_MANAGEMENT` /
 /// `ORDER_TIMEOUT_TEST_BROKER` say otherwise: CI runs the core scenarios a
@@ -91,11 +93,20 @@ impl DelayMode {
     }
 }
 
-/// A running service with its own database and vhost.
-pub struct TestApp {
+/// The service's HTTP API at one address: the in-process app's, or a `serve`
+/// child's. Every call goes through `http`, with its token.
+pub struct Api {
+    /// `http://127.0.0.1:<port>`.
     pub base: String,
-    /// A client that sends [`TestApp::token`] on every request.
+    /// A client that sends the caller's token on every request.
     pub http: reqwest::Client,
+}
+
+/// A running service with its own database and vhost; its [`Api`] methods
+/// (`app.order(…)`, `app.base`) are reached through `Deref`.
+pub struct TestApp {
+    /// The service's HTTP API, with [`TestApp::token`].
+    pub api: Api,
     /// The first admin token the app was started with (a fresh one by
     /// default), so that every test goes through authentication; `None` when
     /// a test configured none.
@@ -129,18 +140,6 @@ fn unique(prefix: &str) -> String {
         .collect()
 }
 
-/// Percent-encodes a name for a management API path (`/` is the default vhost).
-pub fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// GET on the management API, as JSON.
 pub async fn api_get(path: &str) -> Value {
     api_get_opt(path)
@@ -150,29 +149,18 @@ pub async fn api_get(path: &str) -> Value {
 
 /// GET on the management API, as JSON; `None` on 404.
 pub async fn api_get_opt(path: &str) -> Option<Value> {
-    let resp = management()
-        .get(format!("{MANAGEMENT}{path}"))
-        .basic_auth("guest", Some("guest"))
-        .send()
+    broker_api()
+        .get_opt(path)
         .await
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-    if resp.status() == reqwest::StatusCode::NOT_FOUND {
-        return None;
-    }
-    assert!(resp.status().is_success(), "GET {path}: {}", resp.status());
-    Some(
-        resp.json()
-            .await
-            .unwrap_or_else(|e| panic!("GET {path}: {e}")),
-    )
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The broker's version, as its management API reports it (`3.10.8`, `4.0.5`).
 pub async fn broker_version() -> String {
-    api_get("/overview").await["rabbitmq_version"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
+    broker_api()
+        .broker_version()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `rabbitmqctl ARGS` against the broker under test: the command is
@@ -203,29 +191,10 @@ pub async fn close_connections(vhost: &str, only_service: bool) -> usize {
 /// Closes the vhost's open connections and returns the client-given names of
 /// those the broker closed.
 pub async fn close_connections_named(vhost: &str, only_service: bool) -> Vec<String> {
-    let connections = api_get(&format!("/vhosts/{}/connections", url_encode(vhost))).await;
-    let mut closed = Vec::new();
-    for c in connections.as_array().into_iter().flatten() {
-        let client_name = c["client_properties"]["connection_name"]
-            .as_str()
-            .unwrap_or_default();
-        if only_service && !client_name.starts_with("order-timeout ") {
-            continue;
-        }
-        let resp = management()
-            .delete(format!(
-                "{MANAGEMENT}/connections/{}",
-                url_encode(c["name"].as_str().unwrap_or_default())
-            ))
-            .basic_auth("guest", Some("guest"))
-            .header("X-Reason", "test: connections closed")
-            .send()
-            .await;
-        if resp.is_ok_and(|r| r.status().is_success()) {
-            closed.push(client_name.to_string());
-        }
-    }
-    closed
+    broker_api()
+        .close_connections(vhost, only_service.then_some("order-timeout "))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Closes one connection of each of the service's broker roles (relay,
@@ -250,49 +219,27 @@ pub async fn close_each_service_connection(vhost: &str) {
             start.elapsed() < within,
             "timed out after {within:?} closing each role's connection; closed {closed:?}"
         );
+        // Polling: the next sweep catches the roles that have reconnected.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-pub fn management() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("http client")
+/// The management API of the broker under test, as guest.
+pub fn broker_api() -> Management {
+    Management::new(&MANAGEMENT.get(), Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{MANAGEMENT}: {e}"))
 }
 
 /// Creates a vhost and gives `guest` all rights in it.
 pub async fn create_vhost(name: &str) {
-    let http = management();
-    let resp = http
-        .put(format!("{MANAGEMENT}/vhosts/{name}"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await;
-    let resp = resp.unwrap_or_else(|e| {
+    broker_api().create_vhost(name).await.unwrap_or_else(|e| {
         panic!("management API reachable at {MANAGEMENT} (make test enables the plugin): {e}")
     });
-    assert!(
-        resp.status().is_success(),
-        "create vhost: {}",
-        resp.status()
-    );
-    let resp = http
-        .put(format!("{MANAGEMENT}/permissions/{name}/guest"))
-        .basic_auth("guest", Some("guest"))
-        .json(&json!({"configure": ".*", "write": ".*", "read": ".*"}))
-        .send()
-        .await
-        .expect("permissions");
-    assert!(resp.status().is_success(), "permissions: {}", resp.status());
 }
 
+/// Deletes a vhost, if it is there.
 pub async fn delete_vhost(name: &str) {
-    let _ = management()
-        .delete(format!("{MANAGEMENT}/vhosts/{name}"))
-        .basic_auth("guest", Some("guest"))
-        .send()
-        .await;
+    let _ = broker_api().delete_vhost(name).await;
 }
 
 /// A fresh vhost that is deleted when dropped, unless handed to `spawn_app`
@@ -341,20 +288,10 @@ pub async fn plugin_available() -> bool {
     if let Some(v) = AVAILABLE.get() {
         return *v;
     }
-    let http = management();
-    let types: Value = http
-        .get(format!("{MANAGEMENT}/overview"))
-        .basic_auth("guest", Some("guest"))
-        .send()
+    let found = broker_api()
+        .plugin_available()
         .await
-        .expect("management API")
-        .json()
-        .await
-        .expect("overview json");
-    let found = types["exchange_types"]
-        .as_array()
-        .map(|a| a.iter().any(|t| t["name"] == "x-delayed-message"))
-        .unwrap_or(false);
+        .unwrap_or_else(|e| panic!("{e}"));
     *AVAILABLE.get_or_init(|| found)
 }
 
@@ -367,7 +304,8 @@ fn server(backend: Backend) -> Option<(&'static str, &'static str)> {
     }
 }
 
-async fn admin(url: &str, sql: &str) {
+/// Runs one statement on a database server as its administrator.
+pub async fn admin(url: &str, sql: &str) {
     let admin = Database::connect(url)
         .await
         .unwrap_or_else(|e| panic!("{url} reachable: {e}"));
@@ -548,8 +486,10 @@ async fn start(
         .and_then(|tokens| tokens.split(',').map(str::trim).find(|t| !t.is_empty()))
         .map(str::to_string);
     let test = TestApp {
-        base,
-        http: api_client(token.as_deref()),
+        api: Api {
+            base,
+            http: api_client(token.as_deref()),
+        },
         token,
         ctx,
         names,
@@ -568,7 +508,28 @@ async fn start(
     test
 }
 
-impl TestApp {
+impl std::ops::Deref for TestApp {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+impl std::ops::DerefMut for TestApp {
+    fn deref_mut(&mut self) -> &mut Api {
+        &mut self.api
+    }
+}
+
+impl Api {
+    /// The API at `base`, called with this client.
+    pub fn new(http: reqwest::Client, base: impl Into<String>) -> Self {
+        Self {
+            base: base.into(),
+            http,
+        }
+    }
+
     pub async fn put_stock(&self, sku: &str, available: i64) -> Value {
         let resp = self
             .http
@@ -675,6 +636,29 @@ impl TestApp {
         .await
     }
 
+    /// The order with its audit trail.
+    pub async fn order_with_audit(&self, id: &str) -> Value {
+        self.get_json(&format!("/orders/{id}?include=audit")).await
+    }
+
+    /// Whether `/readyz` answers 200 now.
+    pub async fn ready(&self) -> Option<()> {
+        let resp = self
+            .http
+            .get(format!("{}/readyz", self.base))
+            .send()
+            .await
+            .ok()?;
+        resp.status().is_success().then_some(())
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&self, within: Duration, what: &str) {
+        wait_until(within, what, || self.ready()).await
+    }
+}
+
+impl TestApp {
     pub async fn amqp(&self) -> Connection {
         Connection::connect(
             &self.amqp_url,
@@ -709,27 +693,6 @@ impl TestApp {
         let entry = self.names.entry().to_string();
         self.publish_with(&entry, routing_key, contract_properties(headers), body)
             .await
-    }
-
-    /// The order with its audit trail.
-    pub async fn order_with_audit(&self, id: &str) -> Value {
-        self.get_json(&format!("/orders/{id}?include=audit")).await
-    }
-
-    /// Whether `/readyz` answers 200 now.
-    pub async fn ready(&self) -> Option<()> {
-        let resp = self
-            .http
-            .get(format!("{}/readyz", self.base))
-            .send()
-            .await
-            .ok()?;
-        resp.status().is_success().then_some(())
-    }
-
-    /// Waits until `/readyz` answers 200.
-    pub async fn wait_ready(&self, within: Duration, what: &str) {
-        wait_until(within, what, || self.ready()).await
     }
 
     /// A second instance of the service on the same broker vhost and database,
@@ -951,6 +914,7 @@ where
         if start.elapsed() > within {
             panic!("timed out after {within:?} waiting for: {what}");
         }
+        // Polling, inside the one wait loop.
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -1037,19 +1001,41 @@ pub fn assert_on_time(order: &Value, done: &str, deadline: &str) {
 
 /// Empties one queue through the management API.
 pub async fn purge_queue(vhost: &str, queue: &str) {
-    let resp = management()
-        .delete(format!(
-            "{MANAGEMENT}/queues/{}/{}/contents",
-            url_encode(vhost),
-            url_encode(queue)
-        ))
-        .basic_auth("guest", Some("guest"))
-        .send()
+    broker_api()
+        .purge_queue(vhost, queue)
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("purge {queue}: {e}"));
+}
+
+/// Every order's audit trail has exactly one `cancelled` event, not early.
+pub async fn assert_cancelled_once(api: &Api, ids: &[String]) {
+    for id in ids {
+        cancelled_once(&api.order_with_audit(id).await);
+    }
+}
+
+/// One order document (with its audit trail): cancelled exactly once, not early.
+pub fn cancelled_once(order: &Value) {
+    let cancels = order["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "cancelled")
+        .count();
+    assert_eq!(cancels, 1, "{order}");
     assert!(
-        resp.status().is_success(),
-        "purge {queue}: {}",
-        resp.status()
+        ms(order, "cancelled_at") >= ms(order, "pay_deadline"),
+        "early: {order}"
     );
+}
+
+/// A file of this repository (the README, the shipped examples and definitions).
+pub fn repo_path(path: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// A JSON file of this repository.
+pub fn read_repo_json(path: &str) -> Value {
+    let text = std::fs::read_to_string(repo_path(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
 }

@@ -306,6 +306,8 @@ async fn connections_over_the_cap_wait() {
         .build()
         .unwrap();
     let waiting = tokio::spawn(other.get(format!("{}/healthz", app.base)).send());
+    // The scenario: 0.7 s in which the second client would be served, were
+    // the cap not held (no condition to wait for: it must not happen).
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(
         !waiting.is_finished(),

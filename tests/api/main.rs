@@ -31,15 +31,18 @@ macro_rules! matrix {
 
 mod auth;
 mod core;
+mod dashboard;
 mod examples;
 mod hardening;
+mod hostile_input;
 mod http_limits;
 mod idempotency;
+mod instances;
 mod lifecycle;
+mod metrics;
 mod openapi;
-mod rabbitmq_world;
-mod reliability;
-mod resilience;
+mod outages;
 mod settings;
 mod stages;
 mod tls;
+mod topology;

@@ -5,6 +5,8 @@
 use std::process::Command;
 use std::time::Duration;
 
+use order_timeout_harness::Serve;
+
 use crate::helpers::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
@@ -248,27 +250,29 @@ async fn doctor_and_schedule(backend: Backend, mode: DelayMode) {
     .await;
 }
 
-/// Runs `serve` for a few seconds and returns what it logged.
-fn logs_of_serve(env: &[(&str, String)], for_ms: u64) -> String {
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(for_ms));
-    let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+/// Runs `serve` until its log says `until` (the test fails if it never does),
+/// and returns what it logged.
+async fn logs_of_serve(env: &[(&str, String)], until: &str) -> String {
+    let log = std::env::temp_dir().join(format!("ot-logs-{}.log", uuid::Uuid::new_v4().simple()));
+    let mut child = Serve::new(BIN)
+        .envs(env.iter().map(|(k, v)| (*k, v.clone())))
+        .log(&log)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_until(
+        Duration::from_secs(30),
+        &format!("serve logs {until:?}"),
+        || async { child.log_text().contains(until).then_some(()) },
     )
+    .await;
+    child.kill();
+    let logs = child.log_text();
+    let _ = std::fs::remove_file(&log);
+    logs
 }
 
-#[test]
-fn credentials_never_reach_logs() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_never_reach_logs() {
     let db = std::env::temp_dir().join(format!("ot-logs-{}.db", uuid::Uuid::new_v4().simple()));
     let env = [
         // A broker that is not there: the service keeps retrying and says so.
@@ -280,13 +284,11 @@ fn credentials_never_reach_logs() {
             "ORDER_TIMEOUT__DATABASE__URL",
             format!("sqlite://{}?mode=rwc", db.display()),
         ),
-        ("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:0".to_string()),
         ("ORDER_TIMEOUT__LOG__FORMAT", "json".to_string()),
         ("ORDER_TIMEOUT__LOG__LEVEL", "debug".to_string()),
     ];
-    let logs = logs_of_serve(&env, 2500);
+    let logs = logs_of_serve(&env, "broker connection lost").await;
     let _ = std::fs::remove_file(&db);
-    assert!(logs.contains("broker connection lost"), "{logs}");
     assert!(!logs.contains("hunter2"), "{logs}");
     // JSON lines for machines: every line parses, with fields at the top level.
     for line in logs.lines().filter(|l| !l.trim().is_empty()) {

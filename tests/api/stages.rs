@@ -67,6 +67,7 @@ async fn publisher_expiration_never_drops_a_timer(backend: Backend, mode: DelayM
         .await;
     app.wait_stage_timers(mode, 1, Duration::from_secs(2)).await;
     stop_until_due_unconsumed(&mut app).await;
+    // The scenario: the message's 1 s expiration passes while it waits unconsumed.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let work = app.names.work(TimeoutKind::Payment);
     assert_eq!(
@@ -216,23 +217,23 @@ async fn x_delay_sign(backend: Backend, mode: DelayMode) {
         body(&over_amqp).as_bytes(),
     )
     .await;
-    let resp = management()
-        .post(format!(
-            "{MANAGEMENT}/exchanges/{}/{}/publish",
-            url_encode(&app.vhost),
-            url_encode(&stage)
-        ))
-        .basic_auth("guest", Some("guest"))
-        .json(&json!({
-            "routing_key": "payment",
-            "payload": body(&over_http),
-            "payload_encoding": "string",
-            "properties": {"content_type": "application/json", "delivery_mode": 2, "headers": {"x-delay": 2000}},
-        }))
-        .send()
+    let message = json!({
+        "routing_key": "payment",
+        "payload": body(&over_http),
+        "payload_encoding": "string",
+        "properties": {"content_type": "application/json", "delivery_mode": 2, "headers": {"x-delay": 2000}},
+    });
+    broker_api()
+        .post(
+            &format!(
+                "/exchanges/{}/{}/publish",
+                url_encode(&app.vhost),
+                url_encode(&stage)
+            ),
+            &message,
+        )
         .await
-        .unwrap();
-    assert!(resp.status().is_success(), "{}", resp.status());
+        .unwrap_or_else(|e| panic!("{e}"));
     let published = chrono::Utc::now().timestamp_millis();
 
     for id in [&over_amqp, &over_http] {
@@ -401,7 +402,8 @@ async fn broker_restart(backend: Backend, mode: DelayMode) {
 
     let stopped = Instant::now();
     rabbitmqctl("stop_app");
-    // Long enough for every short deadline to pass while the broker is down.
+    // The scenario: the outage lasts 10 s, long enough for every short
+    // deadline to pass while the broker is down.
     tokio::time::sleep(Duration::from_secs(10)).await;
     rabbitmqctl("start_app");
     rabbitmqctl("await_startup");

@@ -1,0 +1,225 @@
+//! The broker and the database go away and come back: broker connections
+//! killed mid-flow, the broker refusing a vhost at checkout, the database
+//! refusing every connection. Consumers pause instead of spinning, nothing is
+//! lost, nothing is applied twice.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_connections_killed_mid_flow() {
+    let app = spawn_app(Spawn::new(Backend::Postgres, DelayMode::Ttl)).await;
+    app.put_stock("A", 1000).await;
+    let mut ids = Vec::new();
+    for i in 0..150 {
+        ids.push(
+            app.order(&[("A", 1)], &format!("{}ms", 1000 + (i % 30) * 100))
+                .await,
+        );
+    }
+    for _ in 0..2 {
+        // The scenario: connections die while deadlines (1 to 4 s) are passing.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        close_each_service_connection(&app.vhost).await;
+    }
+    for id in &ids {
+        app.wait_status(id, "cancelled", Duration::from_secs(30))
+            .await;
+    }
+    assert_cancelled_once(&app, &ids).await;
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 1000, "reserved": 0, "sold": 0})
+    );
+    assert!(
+        app.metric("order_timeout_broker_disconnects_total", &[])
+            .await
+            >= 6.0
+    );
+    app.wait_ready(Duration::from_secs(20), "ready again after reconnecting")
+        .await;
+}
+
+fn database_name(app: &TestApp) -> String {
+    let url = app.ctx.settings.database.url.expose().to_string();
+    url.rsplit('/').next().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_outage_pauses_consumers_and_resumes() {
+    let app = spawn_app(Spawn::new(Backend::Postgres, DelayMode::Ttl)).await;
+    app.put_stock("A", 100).await;
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(app.order(&[("A", 1)], "2s").await);
+    }
+    // The outbox is published before the database goes away.
+    wait_until(Duration::from_secs(10), "outbox drained", || async {
+        (app.metric("order_timeout_outbox_published_total", &[])
+            .await
+            >= 20.0)
+            .then_some(())
+    })
+    .await;
+    let name = database_name(&app);
+    admin(
+        POSTGRES_ADMIN,
+        &format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"),
+    )
+    .await;
+    admin(
+        POSTGRES_ADMIN,
+        &format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+        ),
+    )
+    .await;
+    let outage = Instant::now();
+
+    // The deadlines pass during the outage: consumers pause, nothing is acked.
+    wait_until(Duration::from_secs(15), "a consumer pauses", || async {
+        (app.metric("order_timeout_consumer_pauses_total", &["role=\"payment\""])
+            .await
+            >= 1.0)
+            .then_some(())
+    })
+    .await;
+    assert_database_down_is_told_not_shown(&app, &name).await;
+    // The scenario: the outage lasts 4 s, long enough to count the pauses in it.
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(outage.elapsed())).await;
+    let pauses = app
+        .metric("order_timeout_consumer_pauses_total", &["role=\"payment\""])
+        .await;
+    assert!(
+        pauses < 30.0,
+        "backoff, not a hot loop: {pauses} pauses in 4 s"
+    );
+    assert_eq!(
+        app.metric(
+            "order_timeout_timeouts_handled_total",
+            &["outcome=\"applied\""]
+        )
+        .await,
+        0.0
+    );
+
+    admin(
+        POSTGRES_ADMIN,
+        &format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"),
+    )
+    .await;
+    for id in &ids {
+        app.wait_status(id, "cancelled", Duration::from_secs(20))
+            .await;
+    }
+    assert_cancelled_once(&app, &ids).await;
+    assert_eq!(app.stock("A").await["available"], 100);
+    app.wait_ready(Duration::from_secs(10), "ready again").await;
+}
+
+/// `/readyz` answers 503 with the database down; anonymous callers learn that
+/// it is down, not the driver's text about it.
+async fn assert_database_down_is_told_not_shown(app: &TestApp, name: &str) {
+    let resp = app
+        .http
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["database"]["ok"], false, "{body}");
+    assert_eq!(
+        body["database"]["error"], "the database did not answer; the service log says why",
+        "{body}"
+    );
+    assert!(!body.to_string().contains(name), "{body}");
+}
+
+/// Takes the broker away from one vhost: new connections are refused (no
+/// permission) and the open ones are closed, as an operator or an outage would.
+async fn broker_down(vhost: &str) {
+    broker_api()
+        .revoke(vhost)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    close_connections(vhost, false).await;
+}
+
+async fn broker_up(vhost: &str) {
+    broker_api()
+        .grant(vhost)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+async fn checkout_with_broker_down(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 5).await;
+    broker_down(&app.vhost).await;
+    wait_until(
+        Duration::from_secs(20),
+        "readyz reports the broker down",
+        || async {
+            // The management API lists a connection only once its first
+            // statistics are in: close again whatever has appeared since.
+            close_connections(&app.vhost, false).await;
+            let resp = app
+                .http
+                .get(format!("{}/readyz", app.base))
+                .send()
+                .await
+                .ok()?;
+            let status = resp.status();
+            let body: Value = resp.json().await.ok()?;
+            (status == 503 && body["broker"]["ok"] == false).then_some(())
+        },
+    )
+    .await;
+
+    // Checkout still works; the timeout waits in the outbox.
+    let id = app.order(&[("A", 2)], "2s").await;
+    // The scenario: the order's deadline passes while the broker is away.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        app.get_order(&id).await["status"],
+        "pending_payment",
+        "nothing can fire without the broker"
+    );
+    assert!(app.metric("order_timeout_outbox_backlog", &[]).await >= 1.0);
+
+    broker_up(&app.vhost).await;
+    let order = app
+        .wait_status(&id, "cancelled", Duration::from_secs(30))
+        .await;
+    assert!(ms(&order, "cancelled_at") >= ms(&order, "pay_deadline"));
+    assert_eq!(app.stock("A").await["available"], 5);
+    assert_eq!(
+        app.metric("order_timeout_outbox_published_total", &[])
+            .await,
+        1.0
+    );
+    assert!(
+        app.metric("order_timeout_broker_disconnects_total", &[])
+            .await
+            >= 1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_down_at_checkout_sqlite_ttl() {
+    run(Backend::Sqlite, DelayMode::Ttl, checkout_with_broker_down).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_down_at_checkout_postgres_plugin() {
+    run(
+        Backend::Postgres,
+        DelayMode::Plugin,
+        checkout_with_broker_down,
+    )
+    .await
+}
