@@ -29,20 +29,21 @@ macro_rules! matrix {
     };
 }
 
-mod auth;
-mod core;
-mod dashboard;
-mod examples;
-mod hardening;
-mod hostile_input;
-mod http_limits;
-mod idempotency;
-mod instances;
-mod lifecycle;
-mod metrics;
-mod openapi;
-mod outages;
-mod settings;
-mod stages;
-mod tls;
-mod topology;
+// By concern:
+mod auth; // who may call what, tokens never logged
+mod core; // the core promises, every backend and delay mode
+mod dashboard; // the Grafana dashboard's queries name real metrics
+mod examples; // publishers in other languages (Python, Node, curl)
+mod hardening; // failure paths a well-formed flow never reaches
+mod hostile_input; // garbage on the AMQP side is parked, consumption goes on
+mod http_limits; // slow clients, floods, request timeouts
+mod idempotency; // checkout retries with an Idempotency-Key
+mod instances; // several instances; SIGTERM and SIGKILL of a real process
+mod lifecycle; // the whole order lifecycle, races and refusals
+mod metrics; // every documented metric after a timeout cycle
+mod openapi; // the OpenAPI document matches what the API does
+mod outages; // the broker and the database go away and come back
+mod settings; // the binary's contracts: settings, doctor, demo
+mod stages; // the two delay stages on the real plugin and TTL queues
+mod tls; // amqps:// end to end
+mod topology; // definitions, quorum queues, rabbitmq.conf
