@@ -1,0 +1,91 @@
+//! Connections to the broker, each named for the management UI; the backoff
+//! and the shutdown-aware pause of every retry; the channels of a consuming
+//! role.
+
+use std::time::Duration;
+
+use lapin::options::{BasicQosOptions, ConfirmSelectOptions};
+use lapin::{Channel, Connection, ConnectionProperties};
+use tokio_util::sync::CancellationToken;
+
+use crate::settings::AmqpSettings;
+
+/// Opens a connection whose name shows in the management UI as
+/// `order-timeout <instance> <role>`, so operators (and tests) can tell ours apart.
+pub async fn connect(settings: &AmqpSettings, role: &str) -> Result<Connection, lapin::Error> {
+    let name = connection_name(settings, role);
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    // For amqps:// URLs: the system's roots, plus the configured CA file if any.
+    let tls = lapin::tcp::OwnedTLSConfig {
+        identity: None,
+        cert_chain: settings.tls_ca_pem.clone(),
+    };
+    Connection::connect_with_config(
+        settings.url.expose(),
+        properties,
+        tls,
+        lapin::runtime::default_runtime()?,
+    )
+    .await
+}
+
+/// The client-provided name of a connection of this instance.
+pub fn connection_name(settings: &AmqpSettings, role: &str) -> String {
+    format!("order-timeout {} {role}", settings.instance)
+}
+
+/// Exponential backoff with a cap, for reconnects and database pauses.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Starts at `first`, doubles up to `max`.
+    pub fn new(first: Duration, max: Duration) -> Self {
+        Self {
+            first,
+            max,
+            next: first,
+        }
+    }
+    /// The next wait.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+    /// Back to the first wait (after a success).
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
+/// Sleeps unless shutdown comes first; returns false on shutdown.
+pub async fn pause(shutdown: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// The two channels of a consuming role: one for deliveries, with an explicit
+/// prefetch, and one in confirm mode for what it publishes (parked copies,
+/// routed and re-delayed messages), so a publish is known safe before the
+/// delivery it came from is acked.
+pub async fn channels(
+    conn: &Connection,
+    prefetch: u16,
+) -> Result<(Channel, Channel), lapin::Error> {
+    let consume = conn.create_channel().await?;
+    consume
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    let publish = conn.create_channel().await?;
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok((consume, publish))
+}
