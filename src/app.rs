@@ -46,17 +46,16 @@ impl Application {
         let listener = TcpListener::bind(settings.http.bind)
             .await
             .with_context(|| format!("cannot listen on {} (http.bind)", settings.http.bind))?;
-        tracing::info!(
-            database = %settings.database.url.redacted(),
-            backend = db::backend_name(&db),
-            broker = %settings.amqp.url.redacted(),
-            prefix = %settings.amqp.prefix,
-            "order-timeout ready to start"
+        let backend = db::backend_name(&db);
+        let ctx = Arc::new(Context::new(settings, db, api_db));
+        let s = &ctx.settings;
+        ctx.events.starting(
+            &s.database.url.redacted(),
+            backend,
+            &s.amqp.url.redacted(),
+            &s.amqp.prefix,
         );
-        Ok(Self {
-            listener,
-            ctx: Arc::new(Context::new(settings, db, api_db)),
-        })
+        Ok(Self { listener, ctx })
     }
 
     /// The address the HTTP API listens on.
@@ -74,7 +73,8 @@ impl Application {
     /// Runs every component until `shutdown` fires, then drains them.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let ctx = self.ctx;
-        tracing::info!(addr = %self.listener.local_addr()?, "HTTP API listening");
+        ctx.events
+            .listening(&self.listener.local_addr()?.to_string());
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(server::serve(
             self.listener,
@@ -122,16 +122,13 @@ impl Application {
         }
 
         shutdown.cancelled().await;
-        tracing::info!("shutting down: finishing in-flight work");
+        ctx.events.shutting_down();
         let drained = tokio::time::timeout(SHUTDOWN_LIMIT, async {
             while tasks.join_next().await.is_some() {}
         })
         .await;
         if drained.is_err() {
-            tracing::warn!(
-                limit_s = SHUTDOWN_LIMIT.as_secs(),
-                "shutdown limit reached; abandoning remaining work (the broker redelivers it)"
-            );
+            ctx.events.shutdown_abandoned(SHUTDOWN_LIMIT);
             tasks.abort_all();
         }
         // A database that stopped answering must not keep the process from
@@ -141,12 +138,9 @@ impl Application {
         })
         .await;
         if closed.is_err() {
-            tracing::warn!(
-                limit_s = CLOSE_LIMIT.as_secs(),
-                "the database pools did not close in time; exiting anyway"
-            );
+            ctx.events.pools_left_open(CLOSE_LIMIT);
         }
-        tracing::info!("stopped");
+        ctx.events.stopped();
         Ok(())
     }
 }

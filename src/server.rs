@@ -42,7 +42,7 @@ pub async fn serve(
     events: Arc<Events>,
     shutdown: CancellationToken,
 ) {
-    let app = with_limits(router, &settings, events);
+    let app = with_limits(router, &settings, events.clone());
     let mut http = http1::Builder::new();
     // hyper's header-read timeout needs a timer; it also ends idle
     // keep-alive connections, since the next request head is awaited the same way.
@@ -65,7 +65,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    tracing::warn!(error = %e, "HTTP accept failed");
+                    events.accept_failed(&e.to_string());
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
@@ -74,10 +74,10 @@ pub async fn serve(
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
         let connection = graceful.watch(connection);
+        let events = events.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                // A client that went away or was too slow: nothing to act on.
-                tracing::debug!(error = %e, "HTTP connection ended with an error");
+                events.connection_failed(&e.to_string());
             }
             drop(permit);
         });

@@ -137,7 +137,7 @@ async fn route_one(
             )
             .await?;
             delivery.acker.ack(Default::default()).await?;
-            tracing::trace!(kind = route.kind.as_str(), routing_key = %route.routing_key, "routed");
+            ctx.events.routed(route.kind, &route.routing_key);
             Ok(())
         }
         Err((park, kind)) => park_delivery(&ctx, &publish, &delivery, &park, "router", kind).await,

@@ -34,7 +34,7 @@ impl Events {
         };
         // These series exist from the start, at zero, so a rate or an alert
         // over them is never empty.
-        for reason in ["overloaded", "timeout"] {
+        for reason in ["overloaded", "timeout", "database"] {
             let _ = events.m.http_refused.get_or_create(&[("reason", reason)]);
         }
         let _ = events.m.blocked.get_or_create(&[("role", "relay")]);
@@ -403,5 +403,77 @@ impl Events {
     /// counted: unacked, the broker delivers it again, so nothing is lost.
     pub fn route_abandoned(&self, error: &str) {
         tracing::debug!(error, "in-flight route failed during stop");
+    }
+
+    /// A request was answered 503 because the database failed it; the cause
+    /// is logged here, the client only learns it is not its fault.
+    pub fn request_database_failed(&self, method: &str, path: &str, error: &str) {
+        self.m
+            .http_refused
+            .get_or_create(&[("reason", "database")])
+            .inc();
+        tracing::error!(method, path, error, "database error in an HTTP request");
+    }
+
+    /// The HTTP listener could not accept a connection (out of file
+    /// descriptors, say); it tries again after a pause. Logged only.
+    pub fn accept_failed(&self, error: &str) {
+        tracing::warn!(error, "HTTP accept failed");
+    }
+
+    /// A client's connection ended with an error (it went away, or was too
+    /// slow): nothing to act on, so only at debug.
+    pub fn connection_failed(&self, error: &str) {
+        tracing::debug!(error, "HTTP connection ended with an error");
+    }
+
+    /// The service is built: database connected, listener bound.
+    pub fn starting(&self, database: &str, backend: &str, broker: &str, prefix: &str) {
+        tracing::info!(
+            database,
+            backend,
+            broker,
+            prefix,
+            "order-timeout ready to start"
+        );
+    }
+
+    /// The HTTP API accepts connections.
+    pub fn listening(&self, addr: &str) {
+        tracing::info!(addr, "HTTP API listening");
+    }
+
+    /// Shutdown began: every component finishes what it holds.
+    pub fn shutting_down(&self) {
+        tracing::info!("shutting down: finishing in-flight work");
+    }
+
+    /// Shutdown took longer than its limit: what is left is abandoned (the
+    /// broker redelivers every unacked message).
+    pub fn shutdown_abandoned(&self, limit: Duration) {
+        tracing::warn!(
+            limit_s = limit.as_secs(),
+            "shutdown limit reached; abandoning remaining work (the broker redelivers it)"
+        );
+    }
+
+    /// The database pools did not close in time; the process exits anyway.
+    pub fn pools_left_open(&self, limit: Duration) {
+        tracing::warn!(
+            limit_s = limit.as_secs(),
+            "the database pools did not close in time; exiting anyway"
+        );
+    }
+
+    /// Every component has stopped.
+    pub fn stopped(&self) {
+        tracing::info!("stopped");
+    }
+
+    /// The router sent a valid timeout on to its delay stage. Not counted
+    /// here: `deliveries_total{queue}` counts what the router took in, and
+    /// `parked_messages_total{by="router"}` what it refused.
+    pub fn routed(&self, kind: TimeoutKind, routing_key: &str) {
+        tracing::trace!(kind = kind.as_str(), routing_key, "routed");
     }
 }

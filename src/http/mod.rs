@@ -64,7 +64,14 @@ pub struct ApiError {
     current: Option<OrderStatus>,
     /// The `WWW-Authenticate` challenge, on a 401 or 403.
     challenge: Option<&'static str>,
+    /// Why the database failed the request: for the log, never the client.
+    database_failure: Option<String>,
 }
+
+/// A response's database failure, for [`authenticate`] to report through
+/// the events once the handler has answered.
+#[derive(Debug, Clone)]
+struct DatabaseFailure(String);
 
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
@@ -73,6 +80,7 @@ impl ApiError {
             message: message.into(),
             current: None,
             challenge: None,
+            database_failure: None,
         }
     }
     fn bad_request(message: impl Into<String>) -> Self {
@@ -98,6 +106,9 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static(challenge),
             );
+        }
+        if let Some(cause) = self.database_failure {
+            response.extensions_mut().insert(DatabaseFailure(cause));
         }
         response
     }
@@ -137,12 +148,15 @@ impl From<Denied> for ApiError {
 
 impl From<sea_orm::DbErr> for ApiError {
     fn from(e: sea_orm::DbErr) -> Self {
-        // The cause goes to the log; the client learns only that it is not its fault.
-        tracing::error!(error = %e, "database error in an HTTP request");
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the database is unavailable; try again",
-        )
+        // The cause goes to the log (see `authenticate`); the client learns
+        // only that it is not its fault.
+        Self {
+            database_failure: Some(e.to_string()),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database is unavailable; try again",
+            )
+        }
     }
 }
 
@@ -320,7 +334,8 @@ pub fn router(ctx: Arc<Context>) -> Router {
 }
 
 /// The authentication middleware: what the matched route needs, against the
-/// request's `Authorization` header.
+/// request's `Authorization` header; and, once a handler has answered, the
+/// report of a database failure it met.
 async fn authenticate(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
     let template = request
         .extensions()
@@ -333,7 +348,16 @@ async fn authenticate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
     match gate.access.check(need, authorization) {
-        Ok(()) => next.run(request).await,
+        Ok(()) => {
+            let method = request.method().clone();
+            let path = crate::domain::truncate(request.uri().path(), 64);
+            let response = next.run(request).await;
+            if let Some(DatabaseFailure(cause)) = response.extensions().get() {
+                gate.events
+                    .request_database_failed(method.as_str(), &path, cause);
+            }
+            response
+        }
         Err(denied) => {
             gate.events.auth_refused(
                 denied.reason(),

@@ -88,6 +88,28 @@ async fn database_outage_pauses_consumers_and_resumes() {
     })
     .await;
     assert_database_down_is_told_not_shown(&app, &name).await;
+    // A request the database fails: 503 with a sentence, the cause counted
+    // (and logged), never shown.
+    let resp = app
+        .http
+        .get(format!("{}/orders/{}", app.base, ids[0]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        body["error"], "the database is unavailable; try again",
+        "{body}"
+    );
+    assert_eq!(
+        app.metric(
+            "order_timeout_http_requests_refused_total",
+            &["reason=\"database\""]
+        )
+        .await,
+        1.0
+    );
     // The scenario: the outage lasts 4 s, long enough to count the pauses in it.
     tokio::time::sleep(Duration::from_secs(4).saturating_sub(outage.elapsed())).await;
     let pauses = app
