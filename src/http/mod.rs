@@ -349,10 +349,11 @@ async fn authenticate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
         .map(HeaderValue::as_bytes);
     match gate.access.check(need, authorization) {
         Ok(()) => {
-            let method = request.method().clone();
-            let path = crate::domain::truncate(request.uri().path(), 64);
+            // Cheap clones (shared bytes); the path is only worded on a failure.
+            let (method, uri) = (request.method().clone(), request.uri().clone());
             let response = next.run(request).await;
             if let Some(DatabaseFailure(cause)) = response.extensions().get() {
+                let path = crate::domain::truncate(uri.path(), 64);
                 gate.events
                     .request_database_failed(method.as_str(), &path, cause);
             }
