@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::management::{self, Management};
 use crate::amqp::{self, consumer, relay, router};
 use crate::context::{Context, Role};
+use crate::orders::Orders;
 use crate::settings::Settings;
 use crate::{db, http, server, sweeper};
 
@@ -40,14 +41,17 @@ impl Application {
                     settings.database.url.redacted()
                 )
             })?;
-        if settings.database.migrate_on_start {
+        let orders = Orders::load(&settings, &db)
+            .await
+            .context("the orders mapping does not match the database")?;
+        if settings.database.migrate_on_start && orders.is_owned() {
             db::migrate(&db).await.context("migrating the database")?;
         }
         let listener = TcpListener::bind(settings.http.bind)
             .await
             .with_context(|| format!("cannot listen on {} (http.bind)", settings.http.bind))?;
         let backend = db::backend_name(&db);
-        let ctx = Arc::new(Context::new(settings, db, api_db));
+        let ctx = Arc::new(Context::new(settings, db, api_db).with_orders(orders));
         let s = &ctx.settings;
         ctx.events.starting(
             &s.database.url.redacted(),
@@ -83,7 +87,9 @@ impl Application {
             ctx.events.clone(),
             shutdown.clone(),
         ));
-        if ctx.settings.relay.enabled {
+        // A shop's own table has no outbox of ours: its checkout publishes the timeouts.
+        let relay = ctx.settings.relay.enabled && ctx.orders.is_owned();
+        if relay {
             let (c, s) = (ctx.clone(), shutdown.clone());
             tasks.spawn(amqp::supervise(
                 ctx.clone(),
@@ -112,7 +118,9 @@ impl Application {
         if ctx.settings.sweeper.enabled {
             tasks.spawn(sweeper::run(ctx.clone(), shutdown.clone()));
         }
-        tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
+        if ctx.orders.is_owned() {
+            tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
+        }
         if let Some(api) = ctx.settings.amqp.management.clone() {
             tasks.spawn(management::monitor(
                 ctx.clone(),

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::amqp::{self, topology::Names, wire};
 use crate::app::Application;
-use crate::domain::{Millis, OrderId, TimeoutKind};
+use crate::domain::{Millis, OrderKey, TimeoutKind};
 use crate::settings::{Settings, SettingsSource, parse_window};
 use crate::{db, doctor, telemetry};
 
@@ -197,9 +197,9 @@ async fn schedule(
     kind: &str,
     delay: &str,
 ) -> anyhow::Result<ExitCode> {
-    let order_id: OrderId = order_id
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!("--order-id: {e}"))?;
+    // Any id the wire carries: the service's own positive integers, or a
+    // mapped table's integers, UUIDs or text (the consumer checks it).
+    let order_id = OrderKey::parse(order_id).map_err(|e| anyhow::anyhow!("--order-id: {e}"))?;
     let kind: TimeoutKind = kind
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--kind: {e}"))?;
@@ -209,12 +209,12 @@ async fn schedule(
     let channel = conn.create_channel().await?;
     channel.confirm_select(Default::default()).await?;
     let now = Millis::now();
+    let message_id = format!("{order_id}:{kind}:cli:{}", uuid::Uuid::new_v4().simple());
     let message = wire::TimeoutMessage {
         order_id,
         kind,
         due_at: Some(now.plus(delay)),
     };
-    let message_id = format!("{order_id}:{kind}:cli:{}", uuid::Uuid::new_v4().simple());
     let properties = wire::properties(&message_id, now, delay.as_millis() as u64, &[]);
     let published = amqp::publish_confirmed(
         &channel,
@@ -232,7 +232,8 @@ async fn schedule(
         )
     })?;
     println!(
-        "scheduled {kind} timeout for order {order_id}, due {}",
+        "scheduled {kind} timeout for order {}, due {}",
+        message.order_id,
         now.plus(delay).to_rfc3339()
     );
     Ok(ExitCode::SUCCESS)

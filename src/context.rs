@@ -11,6 +11,7 @@ use tokio::sync::{Notify, OnceCell};
 
 use crate::amqp::topology::{Mode, Names};
 use crate::events::Events;
+use crate::orders::Orders;
 use crate::settings::Settings;
 
 /// A connection of the service to the broker, one per role.
@@ -78,6 +79,8 @@ pub struct Context {
     /// The database pool of the HTTP handlers, apart from `db` so that
     /// requests cannot take the connections timeouts need.
     pub api_db: DatabaseConnection,
+    /// Whose orders the timeouts act on.
+    pub orders: Orders,
     /// Logs and metrics.
     pub events: Arc<Events>,
     /// Dependency state for `/readyz`.
@@ -101,12 +104,19 @@ impl Context {
             names,
             db,
             api_db,
+            orders: Orders::Owned,
             events: Events::new(),
             health,
             relay_wakeup: Notify::new(),
             mode: OnceCell::new(),
             topology: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// The same context acting on `orders` (a shop's mapped table).
+    pub fn with_orders(mut self, orders: Orders) -> Self {
+        self.orders = orders;
+        self
     }
 
     /// Records that the topology is declared.

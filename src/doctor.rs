@@ -12,7 +12,10 @@ use crate::amqp::management::Management;
 use crate::amqp::topology::{self, Mode, Names, probe_plugin};
 use crate::amqp::{self};
 use crate::db;
-use crate::settings::{DelayMode, Settings};
+use crate::domain::TimeoutKind;
+use crate::orders::Mapped;
+use crate::settings::{DelayMode, OrdersSource, Settings};
+use sea_orm::DatabaseConnection;
 
 struct Report {
     problems: usize,
@@ -68,6 +71,9 @@ async fn check_database(report: &mut Report, settings: &Settings) {
         Err(e) => return report.fail("reachable", format!("{url}: {e}")),
     };
     report.ok("reachable", format!("{url} ({})", db::backend_name(&conn)));
+    if settings.mapping.source == OrdersSource::Mapped {
+        return check_mapping(report, settings, &conn).await;
+    }
     match db::migration_status(&conn).await {
         Ok((applied, pending)) if pending.is_empty() => report.ok(
             "migrations",
@@ -82,6 +88,37 @@ async fn check_database(report: &mut Report, settings: &Settings) {
             ),
         ),
         Err(e) => report.fail("migrations", e),
+    }
+}
+
+/// The shop's table as the mapping describes it: what was found for each
+/// setting, and how many orders wait for each mapped timeout. Read-only.
+async fn check_mapping(report: &mut Report, settings: &Settings, conn: &DatabaseConnection) {
+    let mapped = match Mapped::load(&settings.mapping, &settings.windows, conn).await {
+        Ok(mapped) => mapped,
+        Err(e) => return report.fail("mapping", e),
+    };
+    for finding in &mapped.findings {
+        report.ok("mapping", finding);
+    }
+    if mapped.release_statements() > 0 {
+        report.ok(
+            "mapping",
+            format!(
+                "{} release statement(s) run for an id no order has, rolled back",
+                mapped.release_statements()
+            ),
+        );
+    }
+    for kind in TimeoutKind::ALL {
+        match mapped.census(conn, kind).await {
+            Ok(Some((waiting, overdue))) => report.ok(
+                "orders",
+                format!("{kind}: {waiting} waiting, {overdue} of them past the deadline now"),
+            ),
+            Ok(None) => {}
+            Err(e) => report.fail("orders", format!("{kind}: {e}")),
+        }
     }
 }
 

@@ -59,6 +59,57 @@ impl Serialize for OrderId {
     }
 }
 
+/// An order's id as the wire contract carries it: a string. What it may hold
+/// (a positive integer for the service's own orders; an integer, a UUID or any
+/// text for a shop's own table) is decided by the orders the service acts on
+/// (`orders::Orders::accept`), which also puts it in its canonical spelling
+/// (`"007"` is order `7`; a UUID in lower case), so that two spellings of one
+/// order are one key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OrderKey(String);
+
+/// Longest order id the wire accepts, in bytes.
+pub const MAX_ORDER_KEY_BYTES: usize = 255;
+
+impl OrderKey {
+    /// A key from the wire: 1 to [`MAX_ORDER_KEY_BYTES`] bytes, no control
+    /// characters, no surrounding blanks.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() {
+            return Err("order_id is empty".into());
+        }
+        if raw.len() > MAX_ORDER_KEY_BYTES {
+            return Err(format!(
+                "order_id is {} bytes, the limit is {MAX_ORDER_KEY_BYTES}",
+                raw.len()
+            ));
+        }
+        if raw.chars().any(char::is_control) || raw.trim() != raw {
+            return Err(format!(
+                "order_id '{}' holds control characters or surrounding blanks",
+                truncate(&raw.escape_debug().to_string(), 64)
+            ));
+        }
+        Ok(Self(raw.to_string()))
+    }
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<OrderId> for OrderKey {
+    fn from(id: OrderId) -> Self {
+        Self(id.to_string())
+    }
+}
+
+impl fmt::Display for OrderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Where an order is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OrderStatus {
@@ -372,6 +423,23 @@ mod tests {
             assert!(bad.parse::<OrderId>().is_err(), "{bad}");
         }
         assert_eq!(serde_json::to_string(&OrderId::new(7)).unwrap(), "\"7\"");
+    }
+
+    #[test]
+    fn order_keys_are_any_short_clean_text() {
+        for good in [
+            "42",
+            "0b1c2d3e-0000-4000-8000-000000000001",
+            "202611300001",
+            "SN-7 a",
+        ] {
+            assert_eq!(OrderKey::parse(good).unwrap().as_str(), good);
+        }
+        let long = "x".repeat(MAX_ORDER_KEY_BYTES + 1);
+        for bad in ["", " 42", "42 ", "4\n2", "a\u{0}b", long.as_str()] {
+            assert!(OrderKey::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(OrderKey::from(OrderId::new(9)).as_str(), "9");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`settings`]: typed, validated configuration (defaults, TOML file, environment);
 //! - [`http_client`]: a small JSON client (the broker's management API, `demo`);
 //! - [`db`]: the connection, entities, and every transaction by family ([`db::store`]);
+//! - [`orders`]: whose orders the timeouts act on: the service's own, or a shop's mapped table;
 //! - [`events`]: every event, logged and counted in one place, and the metrics table;
 //! - [`context`]: what the components share (settings, pools, events, health, roles);
 //! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
@@ -33,6 +34,7 @@ pub mod domain;
 pub mod events;
 pub mod http;
 pub mod http_client;
+pub mod orders;
 pub mod server;
 pub mod settings;
 pub mod sweeper;

@@ -11,8 +11,8 @@ use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
-use crate::db::store::{self, Cause, ExpiryOutcome};
-use crate::domain::{Millis, OrderId, TimeoutKind};
+use crate::db::store::{Cause, ExpiryOutcome};
+use crate::domain::{Millis, OrderKey, TimeoutKind};
 
 /// Sweeps every interval until shutdown.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
@@ -34,7 +34,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
     let mut caught = 0;
     let mut failed = None;
-    for kind in TimeoutKind::ALL {
+    for kind in TimeoutKind::ALL.into_iter().filter(|k| ctx.orders.maps(*k)) {
         match sweep_kind(ctx, kind, now).await {
             Ok(n) => caught += n,
             Err(e) => failed = Some(e),
@@ -51,16 +51,25 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
 /// in this sweep (and tried again in the next), not taken again and again.
 async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64, DbErr> {
     let settings = &ctx.settings.sweeper;
-    let before = now.minus(settings.grace);
     let mut caught = 0;
     let mut after = None;
     loop {
-        let page = store::overdue(&ctx.db, kind, before, after, settings.batch_size).await?;
-        let Some(&last) = page.last() else {
+        let page = ctx
+            .orders
+            .overdue(
+                &ctx.db,
+                kind,
+                now,
+                settings.grace,
+                after.as_ref(),
+                settings.batch_size,
+            )
+            .await?;
+        let Some(last) = page.last().cloned() else {
             return Ok(caught);
         };
         after = Some(last);
-        let ids: Vec<OrderId> = page.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<OrderKey> = page.iter().map(|(id, _)| id.clone()).collect();
         caught += expire_isolating(ctx, kind, ids).await?;
         if (page.len() as u64) < settings.batch_size {
             return Ok(caught);
@@ -73,31 +82,35 @@ async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64
 async fn expire_isolating(
     ctx: &Context,
     kind: TimeoutKind,
-    ids: Vec<OrderId>,
+    ids: Vec<OrderKey>,
 ) -> Result<u64, DbErr> {
     let mut caught = 0;
     let mut parts = vec![ids];
     while let Some(part) = parts.pop() {
         let now = Millis::now();
-        match store::expire(&ctx.db, kind, &part, now, Cause::Sweeper).await {
+        match ctx
+            .orders
+            .expire(&ctx.db, kind, &part, now, Cause::Sweeper)
+            .await
+        {
             Ok(outcomes) => {
                 for (id, outcome) in &outcomes {
                     if let ExpiryOutcome::Applied { deadline } = outcome {
                         caught += 1;
                         ctx.events
-                            .sweeper_catch(kind, *id, now.signed_since(*deadline));
+                            .sweeper_catch(kind, id, now.signed_since(*deadline));
                     }
                 }
             }
             Err(e) => {
-                store::probe(&ctx.db, kind).await?;
+                ctx.orders.probe(&ctx.db, kind).await?;
                 if part.len() > 1 {
                     ctx.events.batch_split(kind, part.len(), &e.to_string());
                     let (left, right) = part.split_at(part.len() / 2);
                     parts.push(right.to_vec());
                     parts.push(left.to_vec());
                 } else {
-                    ctx.events.sweeper_refused(kind, part[0], &e.to_string());
+                    ctx.events.sweeper_refused(kind, &part[0], &e.to_string());
                 }
             }
         }

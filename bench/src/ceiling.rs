@@ -129,7 +129,7 @@ async fn publish_confirmed(publish: &Channel, queue: &str, n: usize) -> anyhow::
         for i in sent..(sent + PUBLISH_WINDOW).min(n) {
             // A contract message of the same size as the relay's.
             let message = TimeoutMessage {
-                order_id: OrderId::new(1_000_000 + i as i64),
+                order_id: OrderId::new(1_000_000 + i as i64).into(),
                 kind: TimeoutKind::Payment,
                 due_at: Some(now),
             };
@@ -452,7 +452,12 @@ async fn receive(
         for data in batch {
             let message = wire::decode("payment", Some("application/json"), &data)
                 .map_err(|p| anyhow::anyhow!("a delay-path message does not decode: {p:?}"))?;
-            let i = (message.order_id.get() - FIRST_REPLAY_ID) as usize;
+            let id: i64 = message
+                .order_id
+                .as_str()
+                .parse()
+                .context("a delay-path message with a non-numeric id")?;
+            let i = (id - FIRST_REPLAY_ID) as usize;
             let (due, burst) = *arrivals_of
                 .get(i)
                 .context("a delay-path message with an unknown id")?;
@@ -480,7 +485,7 @@ async fn publish_replay(
         let due = Millis(replay.dues[i].0);
         let delay_ms = (due.0 - Millis::now().0).max(1);
         let message = TimeoutMessage {
-            order_id: OrderId::new(FIRST_REPLAY_ID + i as i64),
+            order_id: OrderId::new(FIRST_REPLAY_ID + i as i64).into(),
             kind: TimeoutKind::Payment,
             due_at: Some(due),
         };

@@ -27,13 +27,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
 
-use super::disposition::{Decided, Disposition, decide};
+use super::disposition::{Decided, Disposition, admit, decide};
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
 use crate::context::Context;
-use crate::db::store::{self, Cause, ExpiryOutcome};
-use crate::domain::{Millis, OrderId, TimeoutKind};
+use crate::db::store::{Cause, ExpiryOutcome};
+use crate::domain::{Millis, OrderKey, TimeoutKind};
 
 /// A batch that starts this soon after the previous one is part of a flow, and
 /// may wait `consumer.batch_wait` to fill even when it holds one delivery.
@@ -254,7 +254,9 @@ impl KindConsumer {
                 .content_type()
                 .as_ref()
                 .map(|c| c.as_str().to_string());
-            match wire::decode(self.kind.as_str(), content_type.as_deref(), &delivery.data) {
+            let decoded = wire::decode(self.kind.as_str(), content_type.as_deref(), &delivery.data)
+                .and_then(|message| admit(&self.ctx.orders, message));
+            match decoded {
                 Ok(message) => valid.push((delivery, message)),
                 Err(park) => {
                     park_delivery(
@@ -272,7 +274,7 @@ impl KindConsumer {
         if valid.is_empty() {
             return Ok(());
         }
-        let ids: Vec<OrderId> = valid.iter().map(|(_, m)| m.order_id).collect();
+        let ids: Vec<OrderKey> = valid.iter().map(|(_, m)| m.order_id.clone()).collect();
         let Some(decided) = self.expire_isolating(ids, shutdown).await else {
             // Shutting down mid-outage: leave them unacked for redelivery.
             return Ok(());
@@ -281,7 +283,7 @@ impl KindConsumer {
     }
 
     /// Decides the orders of a batch. While the database is away (or refuses
-    /// every transition, see [`store::probe`]), nothing is decided: the consumer pauses with backoff and tries again, taking no new
+    /// every transition, see [`crate::db::store::probe`]), nothing is decided: the consumer pauses with backoff and tries again, taking no new
     /// deliveries. When it answers but refuses the batch, the batch is split in
     /// halves, each decided on its own, down to the one order it refuses, which
     /// is tried [`ISOLATED_ATTEMPTS`] times, then given up (to be parked): one
@@ -289,7 +291,7 @@ impl KindConsumer {
     /// first.
     async fn expire_isolating(
         &self,
-        ids: Vec<OrderId>,
+        ids: Vec<OrderKey>,
         shutdown: &CancellationToken,
     ) -> Option<Decided> {
         let mut decided = Decided::default();
@@ -297,7 +299,7 @@ impl KindConsumer {
         // alone. An order refused alone is tried again only once every other
         // part is decided: the rest of the batch does not wait on it.
         let mut parts = vec![(ids, 0u32)];
-        let mut suspects: Vec<(Vec<OrderId>, u32)> = Vec::new();
+        let mut suspects: Vec<(Vec<OrderKey>, u32)> = Vec::new();
         let mut outage = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         loop {
@@ -313,15 +315,18 @@ impl KindConsumer {
                 None => return Some(decided),
             };
             let now = Millis::now();
-            let error =
-                match store::expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout).await {
-                    Ok(outcomes) => {
-                        decided.merge(outcomes, now);
-                        continue;
-                    }
-                    Err(e) => e,
-                };
-            if store::probe(&self.ctx.db, self.kind).await.is_err() {
+            let orders = &self.ctx.orders;
+            let error = match orders
+                .expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout)
+                .await
+            {
+                Ok(outcomes) => {
+                    decided.merge(outcomes, now);
+                    continue;
+                }
+                Err(e) => e,
+            };
+            if orders.probe(&self.ctx.db, self.kind).await.is_err() {
                 // The database is away or refuses every transition: keep the
                 // deliveries unacked and take no new ones; the broker keeps
                 // the rest, and nothing spins meanwhile.
@@ -341,7 +346,7 @@ impl KindConsumer {
                 parts.push((right.to_vec(), 0));
                 parts.push((left.to_vec(), 0));
             } else if refusals + 1 >= ISOLATED_ATTEMPTS {
-                decided.refused.insert(part[0], error.to_string());
+                decided.refused.insert(part[0].clone(), error.to_string());
             } else {
                 suspects.push((part, refusals + 1));
             }
@@ -358,9 +363,11 @@ impl KindConsumer {
         // Applied and not-applicable deliveries are acked together at the end.
         let mut settled = Vec::with_capacity(valid.len());
         for (delivery, message) in valid {
-            let id = message.order_id;
-            let action = match (decided.outcomes.get(&id), decided.refused.get(&id)) {
-                (Some(&(outcome, now)), _) => decide(outcome, now, hold_max, seen.insert(id)),
+            let id = &message.order_id;
+            let action = match (decided.outcomes.get(id), decided.refused.get(id)) {
+                (Some((outcome, now)), _) => {
+                    decide(outcome.clone(), *now, hold_max, seen.insert(id.clone()))
+                }
                 (None, Some(error)) => Disposition::Park(Park::new(
                     ParkReason::DatabaseRefused,
                     format!(

@@ -5,23 +5,24 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::wire::{Park, ParkReason};
+use super::wire::{Park, ParkReason, TimeoutMessage};
 use crate::db::store::ExpiryOutcome;
-use crate::domain::{Millis, OrderId};
+use crate::domain::{Millis, OrderKey};
+use crate::orders::Orders;
 
 /// What the database said about a batch's orders.
 #[derive(Debug, Default)]
 pub struct Decided {
     /// Each order's outcome, with the time it was decided at.
-    pub outcomes: HashMap<OrderId, (ExpiryOutcome, Millis)>,
+    pub outcomes: HashMap<OrderKey, (ExpiryOutcome, Millis)>,
     /// Orders whose transition the database refused, alone, with its error.
-    pub refused: HashMap<OrderId, String>,
+    pub refused: HashMap<OrderKey, String>,
 }
 
 impl Decided {
     /// Adds one part's outcomes. An order split across parts (duplicate
     /// deliveries) keeps the outcome that applied it.
-    pub fn merge(&mut self, outcomes: HashMap<OrderId, ExpiryOutcome>, now: Millis) {
+    pub fn merge(&mut self, outcomes: HashMap<OrderKey, ExpiryOutcome>, now: Millis) {
         for (id, outcome) in outcomes {
             let applied_before = matches!(
                 self.outcomes.get(&id),
@@ -55,6 +56,24 @@ pub enum Disposition {
     Park(Park),
 }
 
+/// A decoded message the orders can act on, its id in canonical spelling;
+/// or why not, to park it: an id the orders cannot have (the service's own
+/// ids are positive integers; a mapped id column's type decides), or a kind a
+/// mapped table has no states for.
+pub fn admit(orders: &Orders, mut message: TimeoutMessage) -> Result<TimeoutMessage, Park> {
+    let kind = message.kind;
+    if !orders.maps(kind) {
+        return Err(Park::new(
+            ParkReason::UnknownKind,
+            format!("the mapping has no {kind} states (`mapping.{kind}.from` is not set)"),
+        ));
+    }
+    message.order_id = orders
+        .accept(&message.order_id)
+        .map_err(|e| Park::new(ParkReason::InvalidBody, e))?;
+    Ok(message)
+}
+
 /// The one place that maps a database outcome to what happens to a delivery.
 pub fn decide(
     outcome: ExpiryOutcome,
@@ -70,9 +89,7 @@ pub fn decide(
         ExpiryOutcome::Applied { .. } => Disposition::NotApplicable {
             status: "duplicate".into(),
         },
-        ExpiryOutcome::Inapplicable { status } => Disposition::NotApplicable {
-            status: status.as_str().into(),
-        },
+        ExpiryOutcome::Inapplicable { status } => Disposition::NotApplicable { status },
         ExpiryOutcome::NotFound => {
             Disposition::Park(Park::new(ParkReason::UnknownOrder, "no order has this id"))
         }
@@ -97,17 +114,20 @@ mod tests {
 
     #[test]
     fn a_split_batch_keeps_the_outcome_that_applied() {
-        let id = OrderId::new(7);
+        let id = OrderKey::parse("7").unwrap();
         let mut decided = Decided::default();
         let applied = ExpiryOutcome::Applied {
             deadline: Millis(900),
         };
-        decided.merge(HashMap::from([(id, applied)]), Millis(1_000));
+        decided.merge(
+            HashMap::from([(id.clone(), applied.clone())]),
+            Millis(1_000),
+        );
         // The same order's duplicate, decided in the other half, found it done.
         let done = ExpiryOutcome::Inapplicable {
-            status: OrderStatus::Cancelled,
+            status: OrderStatus::Cancelled.as_str().into(),
         };
-        decided.merge(HashMap::from([(id, done)]), Millis(1_100));
+        decided.merge(HashMap::from([(id.clone(), done)]), Millis(1_100));
         assert_eq!(decided.outcomes[&id], (applied, Millis(1_000)));
     }
 
@@ -118,7 +138,7 @@ mod tests {
             deadline: Millis(9_900),
         };
         assert_eq!(
-            decide(applied, now, HOLD, true),
+            decide(applied.clone(), now, HOLD, true),
             Disposition::Applied { lateness_ms: 100 }
         );
         assert!(matches!(
@@ -160,7 +180,7 @@ mod tests {
         assert_eq!(
             decide(
                 ExpiryOutcome::Inapplicable {
-                    status: OrderStatus::Paid
+                    status: OrderStatus::Paid.as_str().into()
                 },
                 now,
                 HOLD,

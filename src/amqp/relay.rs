@@ -175,7 +175,7 @@ async fn publish_round<'a>(
             continue;
         };
         let message = TimeoutMessage {
-            order_id: OrderId::new(row.order_id),
+            order_id: OrderId::new(row.order_id).into(),
             kind,
             due_at: Some(Millis(row.due_at_ms)),
         };

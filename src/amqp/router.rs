@@ -18,6 +18,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 
+use super::disposition::admit;
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park};
 use super::{Error, channels, park_delivery, publish_confirmed};
@@ -52,6 +53,7 @@ pub fn classify(
     let message = wire::decode(delivery.routing_key.as_str(), content_type, &delivery.data)
         .map_err(|p| (p, None))?;
     let kind = message.kind;
+    admit(&ctx.orders, message).map_err(|p| (p, Some(kind)))?;
     let delay_ms = wire::publish_delay(headers).map_err(|p| (p, Some(kind)))?;
     let (exchange, routing_key) = delay_route(&ctx.names, mode, kind, delay_ms);
     Ok(Route {

@@ -13,7 +13,7 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use serde::Deserialize;
 
-use crate::domain::{Millis, OrderId, TimeoutKind, truncate};
+use crate::domain::{Millis, OrderKey, TimeoutKind, truncate};
 
 /// The delay header, shared with the delayed-message plugin.
 pub const X_DELAY: &str = "x-delay";
@@ -102,8 +102,9 @@ impl Park {
 /// A decoded, validated timeout message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimeoutMessage {
-    /// The order to look at.
-    pub order_id: OrderId,
+    /// The order to look at, as sent: what it may hold is for the orders the
+    /// service acts on to say (`orders::Orders::accept`).
+    pub order_id: OrderKey,
     /// Which deadline passed.
     pub kind: TimeoutKind,
     /// The publisher's idea of the deadline; informative only (the database decides).
@@ -154,9 +155,9 @@ pub fn decode(
         )
     })?;
     let order_id = match parsed.order_id {
-        serde_json::Value::String(s) => s
-            .parse::<OrderId>()
-            .map_err(|e| Park::new(ParkReason::InvalidBody, e))?,
+        serde_json::Value::String(s) => {
+            OrderKey::parse(&s).map_err(|e| Park::new(ParkReason::InvalidBody, e))?
+        }
         other => {
             return Err(Park::new(
                 ParkReason::InvalidBody,
@@ -195,7 +196,7 @@ pub fn decode(
 /// Encodes a body per the contract.
 pub fn encode(message: &TimeoutMessage) -> Vec<u8> {
     let mut body = serde_json::json!({
-        "order_id": message.order_id.to_string(),
+        "order_id": message.order_id.as_str(),
         "kind": message.kind.as_str(),
     });
     if let Some(due) = message.due_at {
@@ -412,7 +413,7 @@ mod tests {
             br#"{"order_id":"42","kind":"payment","due_at":"2026-11-30T05:30:00Z","extra":1}"#,
         )
         .unwrap();
-        assert_eq!(m.order_id.get(), 42);
+        assert_eq!(m.order_id.as_str(), "42");
         assert_eq!(m.kind, TimeoutKind::Payment);
         assert_eq!(
             m.due_at,
@@ -439,7 +440,7 @@ mod tests {
             (
                 "payment",
                 None,
-                br#"{"order_id":"-4"}"#,
+                br#"{"order_id":""}"#,
                 ParkReason::InvalidBody,
             ),
             (

@@ -11,7 +11,7 @@ mod metrics;
 use metrics::Metrics;
 
 use crate::db::store::OutboxState;
-use crate::domain::{Action, Millis, OrderId, OrderStatus, TimeoutKind};
+use crate::domain::{Action, Millis, OrderId, OrderKey, OrderStatus, TimeoutKind};
 
 /// The service's events: each function logs one thing that happened and
 /// counts it.
@@ -146,7 +146,7 @@ impl Events {
     pub fn timeout_applied(
         &self,
         kind: TimeoutKind,
-        id: OrderId,
+        id: &OrderKey,
         lateness_ms: i64,
         by: &'static str,
     ) {
@@ -162,7 +162,7 @@ impl Events {
     }
 
     /// A timeout found nothing to do (the order moved on, or a duplicate message).
-    pub fn timeout_not_applicable(&self, kind: TimeoutKind, id: OrderId, status: &str) {
+    pub fn timeout_not_applicable(&self, kind: TimeoutKind, id: &OrderKey, status: &str) {
         self.m
             .timeouts
             .get_or_create(&[("kind", kind.as_str()), ("outcome", "not_applicable")])
@@ -171,7 +171,7 @@ impl Events {
     }
 
     /// A timeout arrived before the deadline in the database.
-    pub fn timeout_early(&self, kind: TimeoutKind, id: OrderId, remaining: Duration, held: bool) {
+    pub fn timeout_early(&self, kind: TimeoutKind, id: &OrderKey, remaining: Duration, held: bool) {
         self.m
             .timeouts
             .get_or_create(&[("kind", kind.as_str()), ("outcome", "not_yet_due")])
@@ -220,7 +220,7 @@ impl Events {
     }
 
     /// The sweeper applied a transition no message had applied.
-    pub fn sweeper_catch(&self, kind: TimeoutKind, id: OrderId, lateness_ms: i64) {
+    pub fn sweeper_catch(&self, kind: TimeoutKind, id: &OrderKey, lateness_ms: i64) {
         self.m
             .sweeper_catches
             .get_or_create(&[("kind", kind.as_str())])
@@ -271,7 +271,7 @@ impl Events {
     }
 
     /// The database refused one order's timeout in a sweep; the next sweep tries again.
-    pub fn sweeper_refused(&self, kind: TimeoutKind, id: OrderId, error: &str) {
+    pub fn sweeper_refused(&self, kind: TimeoutKind, id: &OrderKey, error: &str) {
         tracing::error!(
             order_id = %id,
             kind = kind.as_str(),

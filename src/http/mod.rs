@@ -310,6 +310,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
         access: Access::new(&ctx.settings.http),
         events: ctx.events.clone(),
     });
+    let owned = ctx.orders.is_owned();
     routes
         .route(
             "/openapi.json",
@@ -329,8 +330,26 @@ pub fn router(ctx: Arc<Context>) -> Router {
         // sees the matched template; it runs before the body limit and any
         // extractor, so a refused request is never read.
         .layer(middleware::from_fn_with_state(gate, authenticate))
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            orders_api_gate(owned, request, next)
+        }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(ctx)
+}
+
+/// With a shop's own table (`orders.source = mapped`), the shop's code
+/// places and changes orders: the checkout, order and inventory endpoints
+/// answer 404 saying so, whoever asks.
+async fn orders_api_gate(owned: bool, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if !owned && (path.starts_with("/orders") || path.starts_with("/inventory")) {
+        return ApiError::not_found(
+            "this instance acts on the shop's own orders table (`orders.source = mapped`): \
+             orders and stock are placed and changed by the shop's code, not through this API",
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// The authentication middleware: what the matched route needs, against the

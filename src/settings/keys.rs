@@ -66,6 +66,10 @@ pub(super) const SECTIONS: &[Section] = &[
         keys: LOG,
         check: None,
     },
+    Section {
+        keys: MAPPING,
+        check: Some(check_mapping),
+    },
 ];
 
 /// Every key, in table order.
@@ -455,6 +459,237 @@ const LOG: &[Key] = &[
     },
 ];
 
+/// `orders.source` and `mapping.*` (see `mapping.rs`): empty means unset.
+const MAPPING: &[Key] = &[
+    Key {
+        name: "orders.source",
+        default: "owned",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.source,
+                parse_choice(k, v, &OrdersSource::ALL, OrdersSource::as_str),
+            )
+        },
+        show: |s| s.mapping.source.as_str().to_string(),
+    },
+    Key {
+        name: "mapping.table",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.table, parse_ident(k, v, true)),
+        show: |s| s.mapping.table.clone(),
+    },
+    Key {
+        name: "mapping.id_column",
+        default: "id",
+        read: |k, v, s| set(&mut s.mapping.id_column, parse_ident(k, v, false)),
+        show: |s| s.mapping.id_column.clone(),
+    },
+    Key {
+        name: "mapping.status_column",
+        default: "status",
+        read: |k, v, s| set(&mut s.mapping.status_column, parse_ident(k, v, false)),
+        show: |s| s.mapping.status_column.clone(),
+    },
+    Key {
+        name: "mapping.stamp_column",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.stamp_column, parse_ident(k, v, false)),
+        show: |s| s.mapping.stamp_column.clone(),
+    },
+    Key {
+        name: "mapping.payment.from",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.payment.from, parse_status(k, v)),
+        show: |s| s.mapping.payment.from.clone(),
+    },
+    Key {
+        name: "mapping.payment.to",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.payment.to, parse_status(k, v)),
+        show: |s| s.mapping.payment.to.clone(),
+    },
+    Key {
+        name: "mapping.payment.deadline_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.payment.deadline_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.payment.deadline_column.clone(),
+    },
+    Key {
+        name: "mapping.payment.since_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.payment.since_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.payment.since_column.clone(),
+    },
+    Key {
+        name: "mapping.fulfillment.from",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.fulfillment.from, parse_status(k, v)),
+        show: |s| s.mapping.fulfillment.from.clone(),
+    },
+    Key {
+        name: "mapping.fulfillment.to",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.fulfillment.to, parse_status(k, v)),
+        show: |s| s.mapping.fulfillment.to.clone(),
+    },
+    Key {
+        name: "mapping.fulfillment.flag_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.fulfillment.flag_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.fulfillment.flag_column.clone(),
+    },
+    Key {
+        name: "mapping.fulfillment.deadline_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.fulfillment.deadline_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.fulfillment.deadline_column.clone(),
+    },
+    Key {
+        name: "mapping.fulfillment.since_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.fulfillment.since_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.fulfillment.since_column.clone(),
+    },
+    Key {
+        name: "mapping.receipt.from",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.receipt.from, parse_status(k, v)),
+        show: |s| s.mapping.receipt.from.clone(),
+    },
+    Key {
+        name: "mapping.receipt.to",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.receipt.to, parse_status(k, v)),
+        show: |s| s.mapping.receipt.to.clone(),
+    },
+    Key {
+        name: "mapping.receipt.deadline_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.receipt.deadline_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.receipt.deadline_column.clone(),
+    },
+    Key {
+        name: "mapping.receipt.since_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.receipt.since_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.receipt.since_column.clone(),
+    },
+    Key {
+        name: "mapping.stock.items_table",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.stock.items_table, parse_ident(k, v, true)),
+        show: |s| s.mapping.stock.items_table.clone(),
+    },
+    Key {
+        name: "mapping.stock.items_order_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.stock.items_order_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.stock.items_order_column.clone(),
+    },
+    Key {
+        name: "mapping.stock.items_sku_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.stock.items_sku_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.stock.items_sku_column.clone(),
+    },
+    Key {
+        name: "mapping.stock.items_quantity_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.stock.items_quantity_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.stock.items_quantity_column.clone(),
+    },
+    Key {
+        name: "mapping.stock.table",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.stock.table, parse_ident(k, v, true)),
+        show: |s| s.mapping.stock.table.clone(),
+    },
+    Key {
+        name: "mapping.stock.id_column",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.stock.id_column, parse_ident(k, v, false)),
+        show: |s| s.mapping.stock.id_column.clone(),
+    },
+    Key {
+        name: "mapping.stock.reserved_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.stock.reserved_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.stock.reserved_column.clone(),
+    },
+    Key {
+        name: "mapping.stock.available_column",
+        default: "",
+        read: |k, v, s| {
+            set(
+                &mut s.mapping.stock.available_column,
+                parse_ident(k, v, false),
+            )
+        },
+        show: |s| s.mapping.stock.available_column.clone(),
+    },
+    Key {
+        name: "mapping.release_sql",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.release_sql, parse_release_sql(k, v)),
+        show: |s| s.mapping.release_sql.join("; "),
+    },
+];
+
 impl Settings {
     /// The shape [`Settings::load`] fills: every field a placeholder that its
     /// key's `read` overwrites (the unit test `every_key_reaches_its_own_field`
@@ -517,6 +752,18 @@ impl Settings {
             log: LogSettings {
                 format: LogFormat::Pretty,
                 level: String::new(),
+            },
+            mapping: MappingSettings {
+                source: OrdersSource::Owned,
+                table: String::new(),
+                id_column: String::new(),
+                status_column: String::new(),
+                stamp_column: String::new(),
+                payment: KindMapping::default(),
+                fulfillment: KindMapping::default(),
+                receipt: KindMapping::default(),
+                stock: StockMapping::default(),
+                release_sql: Vec::new(),
             },
             sources,
         }

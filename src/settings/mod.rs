@@ -99,6 +99,7 @@ mod checks;
 mod connections;
 mod keys;
 mod layers;
+mod mapping;
 mod parse;
 mod secret;
 #[cfg(test)]
@@ -110,6 +111,8 @@ use connections::{
     instance_name, parse_amqp_url, parse_database_url, parse_management, parse_prefix, read_pem,
 };
 use keys::{SECTIONS, keys};
+pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping};
+use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status};
 pub use parse::{MIN_TOKEN_LEN, parse_duration, parse_tokens, parse_window};
 use parse::{non_empty, parse_bind, parse_bool, parse_choice, parse_log_level, parse_range};
 pub use secret::{Secret, redact_url};
@@ -278,6 +281,8 @@ pub struct Settings {
     pub sweeper: SweeperSettings,
     /// Logging.
     pub log: LogSettings,
+    /// Whose orders the timeouts act on, and how a shop's table is mapped.
+    pub mapping: MappingSettings,
     /// Where each key's value came from, for `doctor`.
     pub sources: BTreeMap<String, Source>,
 }

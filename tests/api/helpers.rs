@@ -364,6 +364,9 @@ pub struct Spawn {
     pub env: Vec<(&'static str, String)>,
     /// A vhost prepared by the test; a fresh empty one when `None`.
     pub vhost: Option<Vhost>,
+    /// Statements run on the test's new database before the service starts
+    /// (a shop's own tables, for the mapped mode).
+    pub setup: Vec<String>,
 }
 
 impl Spawn {
@@ -373,7 +376,13 @@ impl Spawn {
             mode,
             env: Vec::new(),
             vhost: None,
+            setup: Vec::new(),
         }
+    }
+    /// Runs these statements on the new database before the service starts.
+    pub fn setup(mut self, statements: &[&str]) -> Self {
+        self.setup.extend(statements.iter().map(|s| s.to_string()));
+        self
     }
     /// Runs the service in this vhost (deleted with the app, like a fresh one).
     pub fn vhost(mut self, vhost: Vhost) -> Self {
@@ -406,6 +415,9 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
     };
     let vhost = vhost_guard.name().to_string();
     let (db_url, guard) = create_database(opts.backend).await;
+    for statement in &opts.setup {
+        admin(&db_url, statement).await;
+    }
     let amqp_url = format!("{BROKER}/{vhost}");
     let mut env: HashMap<String, String> = [
         ("ORDER_TIMEOUT__DATABASE__URL", db_url),

@@ -40,6 +40,7 @@ mod http_limits; // slow clients, floods, request timeouts
 mod idempotency; // checkout retries with an Idempotency-Key
 mod instances; // several instances; SIGTERM and SIGKILL of a real process
 mod lifecycle; // the whole order lifecycle, races and refusals
+mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused by name
 mod metrics; // every documented metric after a timeout cycle
 mod openapi; // the OpenAPI document matches what the API does
 mod outages; // the broker and the database go away and come back

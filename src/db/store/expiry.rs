@@ -39,7 +39,9 @@ pub async fn expire(
                 {
                     ExpiryOutcome::NotDue { deadline }
                 }
-                _ => ExpiryOutcome::Inapplicable { status },
+                _ => ExpiryOutcome::Inapplicable {
+                    status: status.as_str().to_string(),
+                },
             };
             outcomes.insert(OrderId::new(order.id), outcome);
         }

@@ -263,7 +263,7 @@ pub enum TransitionError {
 }
 
 /// What a timeout (or the sweeper) found for one order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExpiryOutcome {
     /// The transition was applied now; the deadline it was for.
     Applied {
@@ -277,8 +277,8 @@ pub enum ExpiryOutcome {
     },
     /// Nothing to do: the order moved on (paid, cancelled, shipped, already flagged…).
     Inapplicable {
-        /// The order's status now.
-        status: OrderStatus,
+        /// The order's status now, as the orders table spells it.
+        status: String,
     },
     /// No order has this id.
     NotFound,

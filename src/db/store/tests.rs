@@ -138,7 +138,7 @@ async fn a_timeout_applies_once_and_only_after_the_deadline() {
     assert_eq!(
         again[&order.id],
         ExpiryOutcome::Inapplicable {
-            status: OrderStatus::Cancelled
+            status: OrderStatus::Cancelled.as_str().to_string()
         }
     );
     assert_eq!(stock(&db, "A").await, (5, 0, 0), "released once");

@@ -1,0 +1,517 @@
+//! A shop's own orders table, as `mapping.*` describes it: the timeouts'
+//! conditional transitions spoken in its columns and status values.
+//!
+//! The rule is the owned mode's: one conditional `UPDATE … WHERE id = … AND
+//! status = <from> AND <deadline> <= <the database's now>`, whose row count is
+//! the answer; stock is given back in the same transaction, only for the
+//! orders that changed; the transaction commits before the delivery is acked.
+//! Deadlines are compared with the database's own clock, in the time zone
+//! convention of the deadline column (see [`sql::Dialect::now`]), so a shop
+//! that writes `create_time = NOW()` is read as it writes.
+//!
+//! The service never creates or alters the shop's tables; what it writes of
+//! its own (audit, events) goes to its `order_timeout_*` tables.
+
+mod schema;
+pub mod sql;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait, Value,
+};
+
+use crate::db::store::{Cause, ExpiryOutcome, LIST_CHUNK};
+use crate::domain::{Millis, OrderKey, TimeoutKind};
+pub use schema::MappingError;
+use sql::{Dialect, Sql, Ty};
+
+/// A mapping checked against the database, with its statements' pieces.
+#[derive(Debug)]
+pub struct Mapped {
+    dialect: Dialect,
+    /// The orders table, quoted.
+    table: String,
+    /// Its id column, quoted, and what it holds.
+    id: String,
+    id_ty: Ty,
+    /// Its status column, quoted.
+    status: String,
+    /// The column stamped with the database's now by every transition.
+    stamp: Option<(String, Ty)>,
+    /// Per kind (in `TimeoutKind::ALL` order), how it moves an order.
+    kinds: [Option<KindSql>; 3],
+    /// Stock given back by a payment timeout.
+    stock: Option<StockSql>,
+    /// The operator's release statements.
+    release_sql: Vec<String>,
+    /// What `load` found, one line each, for `doctor`.
+    pub findings: Vec<String>,
+}
+
+/// One kind's transition.
+#[derive(Debug)]
+struct KindSql {
+    /// The status it acts on, bound, and as the database reads it back as text.
+    from: Value,
+    from_text: String,
+    /// What it sets.
+    target: Target,
+    /// The deadline as an SQL expression, and the type whose clock it is
+    /// compared with.
+    deadline: String,
+    deadline_ty: Ty,
+}
+
+#[derive(Debug)]
+enum Target {
+    /// Sets the status.
+    Status(Value),
+    /// Stamps this nullable time column once.
+    Flag(String, Ty),
+}
+
+/// The stock mapping, quoted.
+#[derive(Debug)]
+struct StockSql {
+    items: String,
+    order: String,
+    order_ty: Ty,
+    sku: String,
+    quantity: String,
+    table: String,
+    key: String,
+    reserved: String,
+    available: Option<String>,
+}
+
+impl Mapped {
+    /// The kind's transition, when the mapping has one.
+    fn kind(&self, kind: TimeoutKind) -> Option<&KindSql> {
+        self.kinds[kind as usize].as_ref()
+    }
+
+    /// Whether timeouts of `kind` act on the shop's table.
+    pub fn maps(&self, kind: TimeoutKind) -> bool {
+        self.kind(kind).is_some()
+    }
+
+    /// The canonical spelling of an id the id column can hold: an integer in
+    /// decimal, a UUID in lower case with hyphens, text as it is.
+    pub fn accept(&self, key: &OrderKey) -> Result<OrderKey, String> {
+        let raw = key.as_str();
+        let canonical = match self.id_ty {
+            Ty::Int => raw.parse::<i64>().map(|n| n.to_string()).map_err(|_| {
+                format!(
+                    "order_id '{}' is not an integer, and the id column is",
+                    crate::domain::truncate(raw, 64)
+                )
+            })?,
+            Ty::Uuid => uuid::Uuid::parse_str(raw)
+                .map(|u| u.hyphenated().to_string())
+                .map_err(|_| {
+                    format!(
+                        "order_id '{}' is not a UUID, and the id column is",
+                        crate::domain::truncate(raw, 64)
+                    )
+                })?,
+            _ => raw.to_string(),
+        };
+        OrderKey::parse(&canonical)
+    }
+
+    /// The value binding an id (already [`accept`](Self::accept)ed) for a
+    /// column of type `ty`.
+    fn key_value(&self, key: &OrderKey, ty: &Ty) -> Value {
+        match (ty, self.dialect) {
+            (Ty::Int, _) => Value::from(key.as_str().parse::<i64>().unwrap_or(i64::MIN)),
+            (Ty::Uuid, Dialect::Postgres) => match uuid::Uuid::parse_str(key.as_str()) {
+                Ok(u) => Value::from(u),
+                Err(_) => Value::from(key.as_str()),
+            },
+            _ => Value::from(key.as_str()),
+        }
+    }
+
+    /// Keys in the order the id column sorts them, without repeats: every
+    /// transaction locks its orders in one order.
+    fn sorted(&self, keys: &[OrderKey]) -> Vec<OrderKey> {
+        let mut sorted = keys.to_vec();
+        if self.id_ty == Ty::Int {
+            sorted.sort_by_key(|k| k.as_str().parse::<i64>().unwrap_or(i64::MIN));
+        } else {
+            sorted.sort();
+        }
+        sorted.dedup();
+        sorted
+    }
+
+    /// Applies the timeout of `kind` to each order whose deadline has passed
+    /// by the database's clock, in one transaction, and says for every id
+    /// what it found. `now` is the service's clock, from which the deadlines
+    /// it reports are reckoned.
+    pub async fn expire(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &[OrderKey],
+        now: Millis,
+        cause: Cause,
+    ) -> Result<HashMap<OrderKey, ExpiryOutcome>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            let unmapped = ExpiryOutcome::Inapplicable {
+                status: format!("{kind} not mapped"),
+            };
+            return Ok(keys
+                .iter()
+                .map(|key| (key.clone(), unmapped.clone()))
+                .collect());
+        };
+        let sorted = self.sorted(keys);
+        let txn = db.begin().await?;
+        self.lock(&txn, &sorted).await?;
+        let mut applied = Vec::new();
+        for key in &sorted {
+            if txn
+                .execute_raw(self.transition(k, key))
+                .await?
+                .rows_affected()
+                == 1
+            {
+                applied.push(key.clone());
+            }
+        }
+        let mut outcomes = HashMap::with_capacity(sorted.len());
+        for key in &sorted {
+            let outcome = self
+                .outcome(&txn, k, key, applied.contains(key), now)
+                .await?;
+            outcomes.insert(key.clone(), outcome);
+        }
+        if kind == TimeoutKind::Payment && !applied.is_empty() {
+            self.release(&txn, &applied).await?;
+        }
+        let _ = cause;
+        txn.commit().await?;
+        Ok(outcomes)
+    }
+
+    /// Whether the database accepts a transition of `kind` at all: the same
+    /// statements as [`expire`](Self::expire), for an id no order has.
+    pub async fn probe(&self, db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {
+        let key = self.probe_key();
+        self.expire(db, kind, &[key], Millis::now(), Cause::Timeout)
+            .await
+            .map(|_| ())
+    }
+
+    /// An id of the id column's type that no shop uses.
+    fn probe_key(&self) -> OrderKey {
+        let raw = match self.id_ty {
+            Ty::Int => i64::MIN.to_string(),
+            Ty::Uuid => uuid::Uuid::nil().hyphenated().to_string(),
+            _ => "order-timeout:probe".to_string(),
+        };
+        OrderKey::parse(&raw).expect("a valid key")
+    }
+
+    /// Locks the orders, in the id column's order.
+    async fn lock(&self, txn: &DatabaseTransaction, sorted: &[OrderKey]) -> Result<(), DbErr> {
+        for chunk in sorted.chunks(LIST_CHUNK) {
+            let mut sql = Sql::new(self.dialect);
+            sql.push(&format!(
+                "SELECT {} FROM {} WHERE {} IN ",
+                self.id, self.table, self.id
+            ))
+            .bind_list(chunk.iter().map(|k| self.key_value(k, &self.id_ty)))
+            .push(&format!(" ORDER BY {} FOR UPDATE", self.id));
+            txn.query_all_raw(sql.build()).await?;
+        }
+        Ok(())
+    }
+
+    /// The conditional update of one order.
+    fn transition(&self, k: &KindSql, key: &OrderKey) -> sea_orm::Statement {
+        let mut sql = Sql::new(self.dialect);
+        sql.push(&format!("UPDATE {} SET ", self.table));
+        match &k.target {
+            Target::Status(to) => {
+                sql.push(&format!("{} = ", self.status)).bind(to.clone());
+            }
+            Target::Flag(column, ty) => {
+                sql.push(&format!("{column} = {}", self.dialect.now(ty)));
+            }
+        }
+        if let Some((stamp, ty)) = &self.stamp {
+            sql.push(&format!(", {stamp} = {}", self.dialect.now(ty)));
+        }
+        sql.push(&format!(" WHERE {} = ", self.id))
+            .bind(self.key_value(key, &self.id_ty))
+            .push(&format!(" AND {} = ", self.status))
+            .bind(k.from.clone())
+            .push(&format!(
+                " AND {} <= {}",
+                k.deadline,
+                self.dialect.now(&k.deadline_ty)
+            ));
+        if let Target::Flag(column, _) = &k.target {
+            sql.push(&format!(" AND {column} IS NULL"));
+        }
+        sql.build()
+    }
+
+    /// What one order's row says after the transitions: applied (with its
+    /// deadline), not due yet, moved on, or not there.
+    async fn outcome(
+        &self,
+        txn: &DatabaseTransaction,
+        k: &KindSql,
+        key: &OrderKey,
+        applied: bool,
+        now: Millis,
+    ) -> Result<ExpiryOutcome, DbErr> {
+        let flagged = match &k.target {
+            Target::Flag(column, _) => format!("CASE WHEN {column} IS NULL THEN 0 ELSE 1 END"),
+            Target::Status(_) => "0".to_string(),
+        };
+        let mut sql = Sql::new(self.dialect);
+        sql.push(&format!(
+            "SELECT {}, {}, {} FROM {} WHERE {} = ",
+            self.dialect.as_text(&self.status),
+            self.dialect
+                .millis_until(&k.deadline, self.dialect.now(&k.deadline_ty)),
+            self.dialect.as_bigint(&flagged),
+            self.table,
+            self.id
+        ))
+        .bind(self.key_value(key, &self.id_ty));
+        let Some(row) = txn.query_one_raw(sql.build()).await? else {
+            return Ok(ExpiryOutcome::NotFound);
+        };
+        let status: Option<String> = row.try_get_by_index(0)?;
+        let status = status.unwrap_or_default();
+        let remaining: Option<i64> = row.try_get_by_index(1)?;
+        let flagged: i64 = row.try_get_by_index(2)?;
+        let deadline = remaining.map(|ms| Millis(now.0.saturating_add(ms)));
+        Ok(match deadline {
+            Some(deadline) if applied => ExpiryOutcome::Applied { deadline },
+            Some(deadline) if status == k.from_text && flagged == 0 && deadline > now => {
+                ExpiryOutcome::NotDue { deadline }
+            }
+            _ => ExpiryOutcome::Inapplicable { status },
+        })
+    }
+
+    /// Gives the stock of cancelled orders back: the mapping's items →
+    /// reserved column (stock rows locked in key order first), then the
+    /// operator's statements, once per order. Returns what each order gave
+    /// back by the mapping, as `(sku, quantity)`.
+    async fn release(
+        &self,
+        txn: &DatabaseTransaction,
+        cancelled: &[OrderKey],
+    ) -> Result<HashMap<OrderKey, Vec<(String, i64)>>, DbErr> {
+        let mut released: HashMap<OrderKey, Vec<(String, i64)>> = HashMap::new();
+        if let Some(s) = &self.stock {
+            for chunk in cancelled.chunks(LIST_CHUNK) {
+                released.extend(self.items(txn, s, chunk).await?);
+                let orders = |sql: &mut Sql| {
+                    sql.bind_list(chunk.iter().map(|k| self.key_value(k, &s.order_ty)));
+                };
+                let mut lock = Sql::new(self.dialect);
+                lock.push(&format!(
+                    "SELECT {key} FROM {table} WHERE {key} IN (SELECT {sku} FROM {items} WHERE {order} IN ",
+                    key = s.key, table = s.table, sku = s.sku, items = s.items, order = s.order
+                ));
+                orders(&mut lock);
+                lock.push(&format!(") ORDER BY {} FOR UPDATE", s.key));
+                txn.query_all_raw(lock.build()).await?;
+                let mut update = Sql::new(self.dialect);
+                update.push(&self.release_head(s));
+                orders(&mut update);
+                update.push(&self.release_tail(s));
+                txn.execute_raw(update.build()).await?;
+            }
+        }
+        for key in cancelled {
+            for statement in &self.release_sql {
+                txn.execute_raw(self.operator_statement(statement, key))
+                    .await?;
+            }
+        }
+        Ok(released)
+    }
+
+    /// The items of some orders, by order.
+    async fn items(
+        &self,
+        txn: &DatabaseTransaction,
+        s: &StockSql,
+        chunk: &[OrderKey],
+    ) -> Result<HashMap<OrderKey, Vec<(String, i64)>>, DbErr> {
+        let d = self.dialect;
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {}, {}, {} FROM {} WHERE {} IN ",
+            d.as_text(&s.order),
+            d.as_text(&s.sku),
+            d.as_bigint(&s.quantity),
+            s.items,
+            s.order
+        ))
+        .bind_list(chunk.iter().map(|k| self.key_value(k, &s.order_ty)))
+        .push(&format!(" ORDER BY {}", s.sku));
+        // Rows come back spelled as the column stores them; match them to the
+        // keys asked for (MySQL compares text without regard to case).
+        let by_text: HashMap<String, &OrderKey> = chunk
+            .iter()
+            .map(|k| (k.as_str().to_lowercase(), k))
+            .collect();
+        let mut items: HashMap<OrderKey, Vec<(String, i64)>> = HashMap::new();
+        for row in txn.query_all_raw(sql.build()).await? {
+            let order: String = row.try_get_by_index(0)?;
+            let sku: String = row.try_get_by_index(1)?;
+            let quantity: i64 = row.try_get_by_index(2)?;
+            if let Some(key) = by_text.get(&order.to_lowercase()) {
+                items
+                    .entry((*key).clone())
+                    .or_default()
+                    .push((sku, quantity));
+            }
+        }
+        Ok(items)
+    }
+
+    /// `UPDATE stock … (SELECT sku, SUM(quantity) … WHERE order IN ` — the
+    /// order list goes between this and [`release_tail`](Self::release_tail).
+    fn release_head(&self, s: &StockSql) -> String {
+        let given_back = format!(
+            "(SELECT {sku} AS k, SUM({q}) AS q FROM {items} WHERE {order} IN ",
+            sku = s.sku,
+            q = s.quantity,
+            items = s.items,
+            order = s.order
+        );
+        match self.dialect {
+            Dialect::Postgres => {
+                let mut set = format!("{r} = s.{r} - r.q", r = s.reserved);
+                if let Some(a) = &s.available {
+                    set.push_str(&format!(", {a} = s.{a} + r.q"));
+                }
+                format!("UPDATE {} AS s SET {set} FROM {given_back}", s.table)
+            }
+            Dialect::MySql => format!("UPDATE {} AS s JOIN {given_back}", s.table),
+        }
+    }
+
+    fn release_tail(&self, s: &StockSql) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!(" GROUP BY {}) AS r WHERE s.{} = r.k", s.sku, s.key),
+            Dialect::MySql => {
+                let mut set = format!("s.{r} = s.{r} - r.q", r = s.reserved);
+                if let Some(a) = &s.available {
+                    set.push_str(&format!(", s.{a} = s.{a} + r.q"));
+                }
+                format!(" GROUP BY {}) AS r ON s.{} = r.k SET {set}", s.sku, s.key)
+            }
+        }
+    }
+
+    /// One of the operator's statements with the order id bound: once as `$1`
+    /// on PostgreSQL, once per `?` on MySQL/MariaDB.
+    fn operator_statement(&self, statement: &str, key: &OrderKey) -> sea_orm::Statement {
+        let value = self.key_value(key, &self.id_ty);
+        let values = match self.dialect {
+            Dialect::Postgres => vec![value],
+            Dialect::MySql => vec![value; statement.matches('?').count()],
+        };
+        sea_orm::Statement::from_sql_and_values(self.dialect.backend(), statement, values)
+    }
+
+    /// Orders in the status `kind` acts on whose deadline passed more than
+    /// `grace` ago by the database's clock, with their deadlines (reckoned
+    /// from the service's `now`), in id order; `after` continues from the
+    /// last id of the previous page.
+    pub async fn overdue(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        grace: Duration,
+        after: Option<&OrderKey>,
+        limit: u64,
+    ) -> Result<Vec<(OrderKey, Millis)>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(Vec::new());
+        };
+        let d = self.dialect;
+        let clock = d.now(&k.deadline_ty);
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {}, {} FROM {} WHERE {} = ",
+            d.as_text(&self.id),
+            d.millis_until(&k.deadline, clock),
+            self.table,
+            self.status
+        ))
+        .bind(k.from.clone())
+        .push(&format!(
+            " AND {} <= {clock} - {}",
+            k.deadline,
+            d.interval_ms(grace.as_millis())
+        ));
+        if let Target::Flag(column, _) = &k.target {
+            sql.push(&format!(" AND {column} IS NULL"));
+        }
+        if let Some(after) = after {
+            sql.push(&format!(" AND {} > ", self.id))
+                .bind(self.key_value(after, &self.id_ty));
+        }
+        sql.push(&format!(" ORDER BY {} LIMIT {limit}", self.id));
+        let mut page = Vec::new();
+        for row in db.query_all_raw(sql.build()).await? {
+            let id: String = row.try_get_by_index(0)?;
+            let remaining: i64 = row.try_get_by_index(1)?;
+            if let Ok(key) = OrderKey::parse(&id) {
+                page.push((key, Millis(now.0.saturating_add(remaining))));
+            }
+        }
+        Ok(page)
+    }
+
+    /// How many orders wait in the status `kind` acts on, and how many of
+    /// them are past their deadline by the database's clock (for `doctor`).
+    pub async fn census(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+    ) -> Result<Option<(i64, i64)>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(None);
+        };
+        let d = self.dialect;
+        let overdue = format!(
+            "SUM(CASE WHEN {} <= {} THEN 1 ELSE 0 END)",
+            k.deadline,
+            d.now(&k.deadline_ty)
+        );
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {}, {} FROM {} WHERE {} = ",
+            d.as_bigint("COUNT(*)"),
+            d.as_bigint(&format!("COALESCE({overdue}, 0)")),
+            self.table,
+            self.status
+        ))
+        .bind(k.from.clone());
+        if let Target::Flag(column, _) = &k.target {
+            sql.push(&format!(" AND {column} IS NULL"));
+        }
+        let row = db
+            .query_one_raw(sql.build())
+            .await?
+            .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
+        Ok(Some((row.try_get_by_index(0)?, row.try_get_by_index(1)?)))
+    }
+}

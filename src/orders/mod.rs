@@ -1,0 +1,134 @@
+//! The orders the timeouts act on: the service's own (`orders.source =
+//! owned`, the default: `db::store`, filled by the checkout API), or a shop's
+//! existing table described by `mapping.*` (`mapped`). The consumers, the
+//! sweeper and `doctor` go through [`Orders`]; the state-checked rule is the
+//! same either way.
+
+pub mod mapped;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sea_orm::{DatabaseConnection, DbErr};
+
+use crate::db::store::{self, Cause, ExpiryOutcome};
+use crate::domain::{Millis, OrderId, OrderKey, TimeoutKind};
+use crate::settings::{OrdersSource, Settings};
+pub use mapped::{Mapped, MappingError};
+
+/// Whose orders.
+#[derive(Debug, Clone)]
+pub enum Orders {
+    /// The service's own tables.
+    Owned,
+    /// A shop's table, its mapping checked against the database.
+    Mapped(Arc<Mapped>),
+}
+
+impl Orders {
+    /// The orders the settings name; a mapping is checked against the
+    /// database first (read-only).
+    pub async fn load(settings: &Settings, db: &DatabaseConnection) -> Result<Self, MappingError> {
+        match settings.mapping.source {
+            OrdersSource::Owned => Ok(Self::Owned),
+            OrdersSource::Mapped => {
+                let mapped = Mapped::load(&settings.mapping, &settings.windows, db).await?;
+                Ok(Self::Mapped(Arc::new(mapped)))
+            }
+        }
+    }
+
+    /// Whether the service owns the orders (and serves checkout).
+    pub fn is_owned(&self) -> bool {
+        matches!(self, Self::Owned)
+    }
+
+    /// Whether timeouts of `kind` act on anything.
+    pub fn maps(&self, kind: TimeoutKind) -> bool {
+        match self {
+            Self::Owned => true,
+            Self::Mapped(m) => m.maps(kind),
+        }
+    }
+
+    /// An id from the wire in its canonical spelling, or why these orders
+    /// cannot have it (the service's own ids are positive integers).
+    pub fn accept(&self, key: &OrderKey) -> Result<OrderKey, String> {
+        match self {
+            Self::Owned => key
+                .as_str()
+                .parse::<OrderId>()
+                .map(OrderKey::from)
+                .map_err(|e| format!("{e}: the service owns the orders (`orders.source = owned`)")),
+            Self::Mapped(m) => m.accept(key),
+        }
+    }
+
+    /// Applies the timeout of `kind` to each order whose deadline has passed,
+    /// in one transaction; says for every key what it found. The keys were
+    /// [`accept`](Self::accept)ed.
+    pub async fn expire(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &[OrderKey],
+        now: Millis,
+        cause: Cause,
+    ) -> Result<HashMap<OrderKey, ExpiryOutcome>, DbErr> {
+        match self {
+            Self::Owned => {
+                let ids = owned_ids(keys);
+                let outcomes = store::expire(db, kind, &ids, now, cause).await?;
+                Ok(outcomes
+                    .into_iter()
+                    .map(|(id, outcome)| (OrderKey::from(id), outcome))
+                    .collect())
+            }
+            Self::Mapped(m) => m.expire(db, kind, keys, now, cause).await,
+        }
+    }
+
+    /// Whether the database accepts a transition of `kind` at all (see
+    /// [`store::probe`]).
+    pub async fn probe(&self, db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {
+        match self {
+            Self::Owned => store::probe(db, kind).await,
+            Self::Mapped(m) => m.probe(db, kind).await,
+        }
+    }
+
+    /// One page of orders overdue by more than `grace`, with their
+    /// deadlines; `after` is the last of the previous page.
+    pub async fn overdue(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        grace: Duration,
+        after: Option<&(OrderKey, Millis)>,
+        limit: u64,
+    ) -> Result<Vec<(OrderKey, Millis)>, DbErr> {
+        match self {
+            Self::Owned => {
+                let after = after.map(|(key, at)| (owned_ids(std::slice::from_ref(key))[0], *at));
+                let page = store::overdue(db, kind, now.minus(grace), after, limit).await?;
+                Ok(page
+                    .into_iter()
+                    .map(|(id, at)| (OrderKey::from(id), at))
+                    .collect())
+            }
+            Self::Mapped(m) => {
+                m.overdue(db, kind, now, grace, after.map(|(k, _)| k), limit)
+                    .await
+            }
+        }
+    }
+}
+
+/// Accepted keys of the owned mode are positive integers.
+fn owned_ids(keys: &[OrderKey]) -> Vec<OrderId> {
+    keys.iter()
+        .map(|k| k.as_str().parse::<OrderId>().unwrap_or(OrderId::new(0)))
+        .collect()
+}

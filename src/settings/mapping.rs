@@ -1,0 +1,349 @@
+//! `orders.source` and `mapping.*`: whose orders the timeouts act on. By
+//! default the service's own (`owned`: checkout through its API, its own
+//! tables). With `orders.source = mapped`, a shop's existing orders table,
+//! described here: its id and status columns, the status values each timeout
+//! moves between, how each deadline is known, and what releasing stock means.
+//!
+//! Everything here is text checked for its shape (identifiers are letters,
+//! digits and `_`, so that they can be quoted safely); whether the tables and
+//! columns exist, and have types that fit, is checked against the database at
+//! start-up and by `doctor` (`orders::mapped`).
+
+use super::*;
+
+/// Whose orders the timeouts act on (`orders.source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrdersSource {
+    /// The service's own tables, filled by its checkout API.
+    Owned,
+    /// A shop's own orders table, described by `mapping.*`.
+    Mapped,
+}
+
+impl OrdersSource {
+    /// Every source, in the order an error lists them.
+    pub const ALL: [Self; 2] = [Self::Owned, Self::Mapped];
+
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Owned => "owned",
+            Self::Mapped => "mapped",
+        }
+    }
+}
+
+/// How one timeout kind moves a mapped order (`mapping.<kind>.*`). Empty
+/// text means "not set".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KindMapping {
+    /// The status the timeout acts on ("waiting for payment", "paid, to
+    /// ship", "shipped"). Empty: this kind is not mapped.
+    pub from: String,
+    /// The status it sets ("cancelled", "completed"; for fulfillment, a status
+    /// meaning "overdue", if the shop has one).
+    pub to: String,
+    /// Fulfillment only, instead of `to`: a nullable time column stamped once
+    /// when the order is found overdue (the status is left as it is).
+    pub flag_column: String,
+    /// A column holding the deadline itself ...
+    pub deadline_column: String,
+    /// ... or the time the window starts (creation, payment, shipping); the
+    /// deadline is then this plus the kind's `windows.*` setting.
+    pub since_column: String,
+}
+
+impl KindMapping {
+    /// Whether the timeouts of this kind act on the shop's table.
+    pub fn is_mapped(&self) -> bool {
+        !self.from.is_empty()
+    }
+}
+
+/// What releasing an unpaid order's stock means, as a mapping of the shop's
+/// tables (`mapping.stock.*`): the items table gives each SKU and quantity of
+/// an order, and the stock table's reserved column gives them back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StockMapping {
+    /// The items table (`oms_order_item`). Empty: no stock mapping.
+    pub items_table: String,
+    /// Its column holding the order id (`order_id`).
+    pub items_order_column: String,
+    /// Its column naming the stock row (`product_sku_id`).
+    pub items_sku_column: String,
+    /// Its quantity column (`product_quantity`).
+    pub items_quantity_column: String,
+    /// The stock table (`pms_sku_stock`).
+    pub table: String,
+    /// Its key, matched against the items' SKU column (`id`).
+    pub id_column: String,
+    /// The column the quantity leaves (`lock_stock`).
+    pub reserved_column: String,
+    /// Optionally, a column the quantity is added back to (for shops that
+    /// take stock off sale at checkout).
+    pub available_column: String,
+}
+
+impl StockMapping {
+    /// Whether a stock mapping is configured.
+    pub fn is_set(&self) -> bool {
+        !self.items_table.is_empty()
+    }
+}
+
+/// `orders.source` and `mapping.*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappingSettings {
+    /// Whose orders.
+    pub source: OrdersSource,
+    /// The orders table, `name` or `schema.name`.
+    pub table: String,
+    /// Its primary key (integer, text or UUID: found in the database).
+    pub id_column: String,
+    /// Its status column (integer or text).
+    pub status_column: String,
+    /// Optionally, a time column set to the database's clock by every transition.
+    pub stamp_column: String,
+    /// The payment timeout: cancels unpaid orders.
+    pub payment: KindMapping,
+    /// The fulfillment timeout: flags paid orders not shipped in time.
+    pub fulfillment: KindMapping,
+    /// The receipt timeout: completes shipped orders never confirmed.
+    pub receipt: KindMapping,
+    /// Stock released by a payment timeout, as a mapping ...
+    pub stock: StockMapping,
+    /// ... and/or as the operator's own statements, run once per cancelled
+    /// order with its id bound as the only parameter.
+    pub release_sql: Vec<String>,
+}
+
+impl MappingSettings {
+    /// The kind's mapping.
+    pub fn kind(&self, kind: crate::domain::TimeoutKind) -> &KindMapping {
+        use crate::domain::TimeoutKind::*;
+        match kind {
+            Payment => &self.payment,
+            Fulfillment => &self.fulfillment,
+            Receipt => &self.receipt,
+        }
+    }
+}
+
+/// Longest identifier part: MySQL's limit (PostgreSQL's is 63).
+const MAX_IDENT: usize = 63;
+
+/// A table (`name` or `schema.name`) or, with `qualified = false`, a column:
+/// letters, digits and `_`, not starting with a digit. Empty means unset.
+pub(super) fn parse_ident(
+    key: &str,
+    value: &str,
+    qualified: bool,
+) -> Result<String, SettingsError> {
+    if value.is_empty() {
+        return Ok(String::new());
+    }
+    let parts: Vec<&str> = value.split('.').collect();
+    let shape_ok = parts.len() <= if qualified { 2 } else { 1 }
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.len() <= MAX_IDENT
+                && !p.starts_with(|c: char| c.is_ascii_digit())
+                && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+    if !shape_ok {
+        let what = if qualified {
+            "a table name, or schema.table"
+        } else {
+            "a column name"
+        };
+        return Err(invalid(
+            key,
+            format!(
+                "'{value}' is not {what}: letters, digits and _ (not first), at most {MAX_IDENT} each"
+            ),
+        ));
+    }
+    Ok(value.to_string())
+}
+
+/// A status value: any text up to 64 bytes without control characters.
+pub(super) fn parse_status(key: &str, value: &str) -> Result<String, SettingsError> {
+    if value.len() > 64 || value.chars().any(char::is_control) {
+        return Err(invalid(
+            key,
+            "a status value is at most 64 bytes, without control characters",
+        ));
+    }
+    Ok(value.to_string())
+}
+
+/// The operator's release statements, separated by `;` (write no `;` inside
+/// a literal). Each must bind the order id: `$1` on PostgreSQL, `?` on
+/// MySQL/MariaDB (every `?` gets the id).
+pub(super) fn parse_release_sql(key: &str, value: &str) -> Result<Vec<String>, SettingsError> {
+    let statements: Vec<String> = value
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    for s in &statements {
+        if !s.contains("$1") && !s.contains('?') {
+            return Err(invalid(
+                key,
+                format!(
+                    "'{}' does not bind the order id: write $1 (PostgreSQL) or ? (MySQL/MariaDB) where it goes",
+                    crate::domain::truncate(s, 80)
+                ),
+            ));
+        }
+    }
+    Ok(statements)
+}
+
+/// `orders.source` and `mapping.*` together: with `mapped`, the table, the
+/// payment states and one way to know each mapped deadline; with `owned`,
+/// nothing of `mapping.*` set (it would be silently ignored otherwise).
+pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
+    let m = &settings.mapping;
+    if m.source == OrdersSource::Owned {
+        if let Some(key) = settings
+            .sources
+            .keys()
+            .find(|k| k.starts_with("mapping.") && settings.sources[*k] != Source::Default)
+        {
+            return Err(invalid(
+                key,
+                "is set but `orders.source` is owned: set `orders.source = \"mapped\"` to act on this table",
+            ));
+        }
+        return Ok(());
+    }
+    if settings.database.url.expose().starts_with("sqlite:") {
+        return Err(invalid(
+            "orders.source",
+            "mapped needs PostgreSQL or MySQL/MariaDB in `database.url` (the shop's database)",
+        ));
+    }
+    if m.table.is_empty() {
+        return Err(invalid(
+            "mapping.table",
+            "must name the orders table when `orders.source` is mapped",
+        ));
+    }
+    if !m.payment.is_mapped() || m.payment.to.is_empty() {
+        let key = if m.payment.from.is_empty() {
+            "mapping.payment.from"
+        } else {
+            "mapping.payment.to"
+        };
+        return Err(invalid(
+            key,
+            "must be set when `orders.source` is mapped: the status of an unpaid order, and of a cancelled one",
+        ));
+    }
+    for kind in crate::domain::TimeoutKind::ALL {
+        check_kind(kind.as_str(), m.kind(kind), &m.stamp_column)?;
+    }
+    let s = &m.stock;
+    let stock_keys = [
+        ("mapping.stock.items_table", &s.items_table),
+        ("mapping.stock.items_order_column", &s.items_order_column),
+        ("mapping.stock.items_sku_column", &s.items_sku_column),
+        (
+            "mapping.stock.items_quantity_column",
+            &s.items_quantity_column,
+        ),
+        ("mapping.stock.table", &s.table),
+        ("mapping.stock.id_column", &s.id_column),
+        ("mapping.stock.reserved_column", &s.reserved_column),
+    ];
+    let given = stock_keys.iter().filter(|(_, v)| !v.is_empty()).count();
+    if given != 0 && given != stock_keys.len() {
+        let (missing, _) = stock_keys
+            .iter()
+            .find(|(_, v)| v.is_empty())
+            .expect("one is empty");
+        return Err(invalid(
+            missing,
+            "must be set: a stock mapping needs the items table, its order, SKU and quantity columns, and the stock table, its key and reserved column",
+        ));
+    }
+    if !s.available_column.is_empty() && given == 0 {
+        return Err(invalid(
+            "mapping.stock.available_column",
+            "needs the rest of `mapping.stock.*`",
+        ));
+    }
+    Ok(())
+}
+
+/// One kind: a mapped kind has its target (status or flag column) and
+/// exactly one way to know its deadline; an unmapped one has nothing set.
+fn check_kind(kind: &str, k: &KindMapping, stamp: &str) -> Result<(), SettingsError> {
+    let key = |field: &str| format!("mapping.{kind}.{field}");
+    if !k.is_mapped() {
+        for (field, value) in [
+            ("to", &k.to),
+            ("flag_column", &k.flag_column),
+            ("deadline_column", &k.deadline_column),
+            ("since_column", &k.since_column),
+        ] {
+            if !value.is_empty() {
+                return Err(invalid(
+                    &key(field),
+                    format!("needs `mapping.{kind}.from`: the status this timeout acts on"),
+                ));
+            }
+        }
+        return Ok(());
+    }
+    match (k.to.is_empty(), k.flag_column.is_empty()) {
+        (true, true) => {
+            return Err(invalid(
+                &key("to"),
+                "must be set: the status this timeout sets",
+            ));
+        }
+        (false, false) => {
+            return Err(invalid(
+                &key("flag_column"),
+                format!("set either this or `mapping.{kind}.to`, not both"),
+            ));
+        }
+        (false, true) if k.to == k.from => {
+            return Err(invalid(
+                &key("to"),
+                format!("is the same status as `mapping.{kind}.from`"),
+            ));
+        }
+        _ => {}
+    }
+    if !k.flag_column.is_empty() && kind != "fulfillment" {
+        return Err(invalid(
+            &key("flag_column"),
+            "only the fulfillment timeout flags instead of changing the status",
+        ));
+    }
+    match (k.deadline_column.is_empty(), k.since_column.is_empty()) {
+        (true, true) => Err(invalid(
+            &key("deadline_column"),
+            format!(
+                "set this (a column holding the deadline) or `mapping.{kind}.since_column` (the start of the window, plus `windows.{kind}`)"
+            ),
+        )),
+        (false, false) => Err(invalid(
+            &key("since_column"),
+            format!("set either this or `mapping.{kind}.deadline_column`, not both"),
+        )),
+        _ if !stamp.is_empty() && (k.deadline_column == stamp || k.since_column == stamp) => {
+            Err(invalid(
+                "mapping.stamp_column",
+                format!(
+                    "is also the column `mapping.{kind}` reads its deadline from: a transition would move the deadline"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,817 @@
+//! The mapped mode (`orders.source = mapped`): the service acts on a shop's
+//! own tables. The shop's side here does what its checkout would: it writes
+//! orders, items and reserved stock in its own tables and publishes the
+//! timeouts by the wire contract; the service cancels at the deadline by the
+//! database's clock, gives `lock_stock` back, completes unconfirmed
+//! deliveries, and changes no other column or table.
+//!
+//! - `mall`: macrozheng/mall's `oms_order`, `oms_order_item` and
+//!   `pms_sku_stock` (the columns used plus some left alone) on MariaDB, keyed
+//!   by `order_sn` (text ids), and on PostgreSQL, keyed by `id` (integers);
+//! - `uuid_table`: a UUID-keyed table with string statuses, a stored deadline
+//!   and the operator's own release statement, on PostgreSQL;
+//! - `refuses_a_mapping_that_does_not_match`: start-up and `doctor` name the
+//!   setting and the table or column.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use sea_orm::{
+    ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, TransactionTrait, Value,
+};
+use tokio::time::Instant;
+
+use crate::helpers::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
+
+/// The shop's side: its own connection to its own database.
+struct Shop {
+    db: DatabaseConnection,
+    backend: Backend,
+}
+
+impl Shop {
+    async fn open(app: &TestApp, backend: Backend) -> Self {
+        let url = &app.env["ORDER_TIMEOUT__DATABASE__URL"];
+        let db = Database::connect(url.as_str())
+            .await
+            .expect("shop database");
+        Self { db, backend }
+    }
+
+    /// A statement written with `?`, numbered for PostgreSQL.
+    fn statement(&self, sql: &str, values: Vec<Value>) -> Statement {
+        match self.backend {
+            Backend::Postgres => {
+                let mut out = String::new();
+                let mut n = 0;
+                for c in sql.chars() {
+                    if c == '?' {
+                        n += 1;
+                        out.push_str(&format!("${n}"));
+                    } else {
+                        out.push(c);
+                    }
+                }
+                Statement::from_sql_and_values(DbBackend::Postgres, out, values)
+            }
+            _ => Statement::from_sql_and_values(DbBackend::MySql, sql, values),
+        }
+    }
+
+    async fn exec(&self, sql: &str, values: Vec<Value>) -> u64 {
+        self.exec_on(&self.db, sql, values).await
+    }
+
+    /// The same, in a transaction of the shop's.
+    async fn exec_on<C: ConnectionTrait>(&self, on: &C, sql: &str, values: Vec<Value>) -> u64 {
+        on.execute_raw(self.statement(sql, values))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .rows_affected()
+    }
+
+    /// Every row of a query, each column read as text and joined by `|`.
+    async fn rows(&self, sql: &str, values: Vec<Value>) -> Vec<String> {
+        let rows = self
+            .db
+            .query_all_raw(self.statement(sql, values))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rows.iter()
+            .map(|row| {
+                (0..)
+                    .map_while(|i| row.try_get_by_index::<Option<String>>(i).ok())
+                    .map(|v| v.unwrap_or_else(|| "NULL".into()))
+                    .collect::<Vec<_>>()
+                    .join("|")
+            })
+            .collect()
+    }
+
+    async fn one(&self, sql: &str, values: Vec<Value>) -> String {
+        let rows = self.rows(sql, values).await;
+        assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+        rows[0].clone()
+    }
+
+    fn text(&self, column: &str) -> String {
+        match self.backend {
+            Backend::Postgres => format!("CAST({column} AS TEXT)"),
+            _ => format!("CAST({column} AS CHAR)"),
+        }
+    }
+
+    fn now(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "LOCALTIMESTAMP(0)",
+            _ => "NOW()",
+        }
+    }
+
+    /// The tables of the database, by name.
+    async fn tables(&self) -> Vec<String> {
+        let current = match self.backend {
+            Backend::Postgres => "current_schema()",
+            _ => "DATABASE()",
+        };
+        let mut tables = self
+            .rows(
+                &format!(
+                    "SELECT {} FROM information_schema.tables WHERE table_schema = {current}",
+                    self.text("table_name")
+                ),
+                vec![],
+            )
+            .await;
+        tables.sort();
+        tables
+    }
+}
+
+// ---------------------------------------------------------------- the mall
+
+fn mall_schema(backend: Backend) -> Vec<&'static str> {
+    match backend {
+        Backend::Postgres => vec![
+            "CREATE TABLE oms_order (id BIGINT PRIMARY KEY, member_id BIGINT NOT NULL, \
+             order_sn VARCHAR(64) NOT NULL UNIQUE, total_amount DECIMAL(10,2), \
+             status SMALLINT NOT NULL DEFAULT 0, note VARCHAR(500), \
+             create_time TIMESTAMP(0) NOT NULL, modify_time TIMESTAMP(0), \
+             payment_time TIMESTAMP(0), delivery_time TIMESTAMP(0))",
+            "CREATE TABLE oms_order_item (id BIGSERIAL PRIMARY KEY, order_id BIGINT NOT NULL, \
+             order_sn VARCHAR(64) NOT NULL, product_sku_id BIGINT NOT NULL, \
+             product_quantity INT NOT NULL, product_price DECIMAL(10,2))",
+            "CREATE TABLE pms_sku_stock (id BIGINT PRIMARY KEY, product_id BIGINT, \
+             sku_code VARCHAR(64), price DECIMAL(10,2), stock INT NOT NULL, \
+             lock_stock INT NOT NULL DEFAULT 0)",
+            "CREATE TABLE oms_order_setting (id BIGINT PRIMARY KEY, normal_order_overtime INT)",
+            "INSERT INTO oms_order_setting VALUES (1, 60)",
+            "INSERT INTO pms_sku_stock VALUES (1, 26, '201806070026001', 3788.00, 100, 0), \
+             (2, 26, '201806070026002', 3999.00, 100, 0), (3, 27, '201808270027001', 2699.00, 100, 0)",
+        ],
+        _ => vec![
+            "CREATE TABLE oms_order (id BIGINT NOT NULL PRIMARY KEY, member_id BIGINT NOT NULL, \
+             order_sn VARCHAR(64) NOT NULL UNIQUE, total_amount DECIMAL(10,2), \
+             status TINYINT NOT NULL DEFAULT 0, note VARCHAR(500), \
+             create_time DATETIME NOT NULL, modify_time DATETIME, \
+             payment_time DATETIME, delivery_time DATETIME)",
+            "CREATE TABLE oms_order_item (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             order_id BIGINT NOT NULL, order_sn VARCHAR(64) NOT NULL, \
+             product_sku_id BIGINT NOT NULL, product_quantity INT NOT NULL, \
+             product_price DECIMAL(10,2))",
+            "CREATE TABLE pms_sku_stock (id BIGINT NOT NULL PRIMARY KEY, product_id BIGINT, \
+             sku_code VARCHAR(64), price DECIMAL(10,2), stock INT NOT NULL, \
+             lock_stock INT NOT NULL DEFAULT 0)",
+            "CREATE TABLE oms_order_setting (id BIGINT PRIMARY KEY, normal_order_overtime INT)",
+            "INSERT INTO oms_order_setting VALUES (1, 60)",
+            "INSERT INTO pms_sku_stock VALUES (1, 26, '201806070026001', 3788.00, 100, 0), \
+             (2, 26, '201806070026002', 3999.00, 100, 0), (3, 27, '201808270027001', 2699.00, 100, 0)",
+        ],
+    }
+}
+
+/// The mall mapping, as the README's worked example writes it: closing an
+/// unpaid order sets `status` 0 → 4 and gives its items back from
+/// `lock_stock`; a delivered order never confirmed goes 2 → 3.
+fn mall_mapping(spawn: Spawn, text_ids: bool) -> Spawn {
+    let (id, items_order) = if text_ids {
+        ("order_sn", "order_sn")
+    } else {
+        ("id", "order_id")
+    };
+    spawn
+        .env("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped")
+        .env("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order")
+        .env("ORDER_TIMEOUT__MAPPING__ID_COLUMN", id)
+        .env("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "status")
+        .env("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "modify_time")
+        .env("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "0")
+        .env("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "4")
+        .env(
+            "ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN",
+            "create_time",
+        )
+        .env("ORDER_TIMEOUT__MAPPING__RECEIPT__FROM", "2")
+        .env("ORDER_TIMEOUT__MAPPING__RECEIPT__TO", "3")
+        .env(
+            "ORDER_TIMEOUT__MAPPING__RECEIPT__SINCE_COLUMN",
+            "delivery_time",
+        )
+        .env(
+            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_TABLE",
+            "oms_order_item",
+        )
+        .env(
+            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_ORDER_COLUMN",
+            items_order,
+        )
+        .env(
+            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_SKU_COLUMN",
+            "product_sku_id",
+        )
+        .env(
+            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_QUANTITY_COLUMN",
+            "product_quantity",
+        )
+        .env("ORDER_TIMEOUT__MAPPING__STOCK__TABLE", "pms_sku_stock")
+        .env("ORDER_TIMEOUT__MAPPING__STOCK__ID_COLUMN", "id")
+        .env(
+            "ORDER_TIMEOUT__MAPPING__STOCK__RESERVED_COLUMN",
+            "lock_stock",
+        )
+        .env("ORDER_TIMEOUT__WINDOWS__PAYMENT", "3s")
+        .env("ORDER_TIMEOUT__WINDOWS__RECEIPT", "2s")
+}
+
+/// The mall's side of an order.
+struct Mall<'a> {
+    shop: &'a Shop,
+    text_ids: bool,
+}
+
+impl Mall<'_> {
+    /// The id the wire carries for order `n`.
+    fn key(&self, n: i64) -> String {
+        if self.text_ids {
+            format!("2026120101{n:06}")
+        } else {
+            n.to_string()
+        }
+    }
+
+    fn where_key(&self) -> &'static str {
+        if self.text_ids {
+            "order_sn = ?"
+        } else {
+            "id = ?"
+        }
+    }
+
+    fn key_value(&self, n: i64) -> Value {
+        if self.text_ids {
+            Value::from(self.key(n))
+        } else {
+            Value::from(n)
+        }
+    }
+
+    /// What order `n` holds: `(sku, quantity)`.
+    fn items(n: i64) -> Vec<(i64, i32)> {
+        vec![(n % 3 + 1, n as i32), ((n + 1) % 3 + 1, 1)]
+    }
+
+    /// The mall's checkout: the order, its items and `lock_stock`, in one
+    /// transaction, `create_time` by the database's clock.
+    async fn checkout(&self, n: i64) {
+        let s = self.shop;
+        let txn = s.db.begin().await.unwrap();
+        s.exec_on(
+            &txn,
+            &format!(
+                "INSERT INTO oms_order (id, member_id, order_sn, total_amount, status, note, create_time) \
+                 VALUES (?, ?, ?, ?, 0, ?, {})",
+                s.now()
+            ),
+            vec![
+                n.into(),
+                (n * 10).into(),
+                self.key(n).into(),
+                Value::from(n as f64 * 99.5),
+                format!("note {n}").into(),
+            ],
+        )
+        .await;
+        for (sku, quantity) in Self::items(n) {
+            s.exec_on(
+                &txn,
+                "INSERT INTO oms_order_item (order_id, order_sn, product_sku_id, product_quantity, product_price) \
+                 VALUES (?, ?, ?, ?, 10.00)",
+                vec![n.into(), self.key(n).into(), sku.into(), quantity.into()],
+            )
+            .await;
+            s.exec_on(
+                &txn,
+                "UPDATE pms_sku_stock SET lock_stock = lock_stock + ? WHERE id = ?",
+                vec![quantity.into(), sku.into()],
+            )
+            .await;
+        }
+        txn.commit().await.unwrap();
+    }
+
+    /// The mall's payment: 0 → 1 only if still unpaid; stock sold. Whether it won.
+    async fn pay(&self, n: i64) -> bool {
+        let s = self.shop;
+        let txn = s.db.begin().await.unwrap();
+        let won = s
+            .exec_on(
+                &txn,
+                &format!(
+                    "UPDATE oms_order SET status = 1, payment_time = {} WHERE {} AND status = 0",
+                    s.now(),
+                    self.where_key()
+                ),
+                vec![self.key_value(n)],
+            )
+            .await
+            == 1;
+        if won {
+            for (sku, quantity) in Self::items(n) {
+                s.exec_on(
+                    &txn,
+                    "UPDATE pms_sku_stock SET stock = stock - ?, lock_stock = lock_stock - ? WHERE id = ?",
+                    vec![quantity.into(), quantity.into(), sku.into()],
+                )
+                .await;
+            }
+        }
+        txn.commit().await.unwrap();
+        won
+    }
+
+    async fn ship(&self, n: i64) {
+        let s = self.shop;
+        let shipped = s
+            .exec(
+                &format!(
+                    "UPDATE oms_order SET status = 2, delivery_time = {} WHERE {} AND status = 1",
+                    s.now(),
+                    self.where_key()
+                ),
+                vec![self.key_value(n)],
+            )
+            .await;
+        assert_eq!(shipped, 1);
+    }
+
+    async fn status(&self, n: i64) -> String {
+        let s = self.shop;
+        s.one(
+            &format!(
+                "SELECT {}, {} FROM oms_order WHERE {}",
+                s.text("status"),
+                s.text("modify_time"),
+                self.where_key()
+            ),
+            vec![self.key_value(n)],
+        )
+        .await
+        .split('|')
+        .next()
+        .unwrap()
+        .to_string()
+    }
+
+    async fn wait_status(&self, n: i64, status: &str, within: Duration) {
+        let what = format!("order {n} to reach status {status}");
+        wait_until(within, &what, || async {
+            (self.status(n).await == status).then_some(())
+        })
+        .await;
+    }
+
+    /// `stock|lock_stock` per SKU.
+    async fn stock(&self) -> BTreeMap<i64, (i64, i64)> {
+        let rows = self
+            .shop
+            .rows(
+                &format!(
+                    "SELECT {}, {}, {} FROM pms_sku_stock ORDER BY id",
+                    self.shop.text("id"),
+                    self.shop.text("stock"),
+                    self.shop.text("lock_stock")
+                ),
+                vec![],
+            )
+            .await;
+        rows.iter()
+            .map(|r| {
+                let v: Vec<i64> = r.split('|').map(|x| x.parse().unwrap()).collect();
+                (v[0], (v[1], v[2]))
+            })
+            .collect()
+    }
+
+    /// Every column nobody but the shop's checkout writes, of every table:
+    /// what the service must leave exactly as it was.
+    async fn untouched(&self) -> Vec<String> {
+        let s = self.shop;
+        let t = |c: &str| s.text(c);
+        let mut all = Vec::new();
+        for (table, columns) in [
+            (
+                "oms_order",
+                vec![
+                    "id",
+                    "member_id",
+                    "order_sn",
+                    "total_amount",
+                    "note",
+                    "create_time",
+                ],
+            ),
+            (
+                "oms_order_item",
+                vec![
+                    "id",
+                    "order_id",
+                    "order_sn",
+                    "product_sku_id",
+                    "product_quantity",
+                    "product_price",
+                ],
+            ),
+            (
+                "pms_sku_stock",
+                vec!["id", "product_id", "sku_code", "price"],
+            ),
+            ("oms_order_setting", vec!["id", "normal_order_overtime"]),
+        ] {
+            let select: Vec<String> = columns.iter().map(|c| t(c)).collect();
+            let rows = s
+                .rows(
+                    &format!("SELECT {} FROM {table} ORDER BY id", select.join(", ")),
+                    vec![],
+                )
+                .await;
+            all.extend(rows.into_iter().map(|r| format!("{table}: {r}")));
+        }
+        all
+    }
+}
+
+async fn mall(backend: Backend, mode: DelayMode) {
+    // MariaDB keys by `order_sn` (text ids); PostgreSQL by `id` (integers).
+    let text_ids = backend == Backend::MariaDb;
+    let spawn = Spawn::new(backend, mode)
+        .setup(&mall_schema(backend))
+        .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
+        .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "300ms")
+        .env("ORDER_TIMEOUT__SWEEPER__GRACE", "2s");
+    let app = spawn_app(mall_mapping(spawn, text_ids)).await;
+    let shop = Shop::open(&app, backend).await;
+    let mall = Mall {
+        shop: &shop,
+        text_ids,
+    };
+    let tables_before = shop.tables().await;
+
+    // 1–6 unpaid; 7–8 paid in time; 9 paid at the deadline (a race); 10 with
+    // an early message; 11 with its message twice; 12 with no message at all
+    // (a lost timer: the sweeper's); 13 shipped and never confirmed.
+    for n in 1..=13 {
+        mall.checkout(n).await;
+    }
+    let placed = Instant::now();
+    for n in [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 11] {
+        app.publish_timeout(&mall.key(n), "payment", 3_000).await;
+    }
+    app.publish_timeout(&mall.key(10), "payment", 500).await;
+    assert!(mall.pay(7).await && mall.pay(8).await && mall.pay(13).await);
+    mall.ship(13).await;
+    app.publish_timeout(&mall.key(13), "receipt", 2_000).await;
+    // What the shop's table cannot have: parked with the reason.
+    app.publish_timeout(&mall.key(999), "payment", 10).await;
+    app.publish_timeout("abc", "payment", 10).await;
+    app.publish_timeout(&mall.key(7), "fulfillment", 10).await;
+    let untouched = mall.untouched().await;
+
+    // The early message came and went: the order waits for its deadline.
+    tokio::time::sleep_until(placed + Duration::from_millis(1_800)).await;
+    assert_eq!(mall.status(10).await, "0", "cancelled before its deadline");
+    // The last-millisecond payment, as the deadline passes.
+    tokio::time::sleep_until(placed + Duration::from_millis(2_990)).await;
+    let paid_in_race = mall.pay(9).await;
+
+    for n in [1, 2, 3, 4, 5, 6, 10, 11] {
+        mall.wait_status(n, "4", Duration::from_secs(20)).await;
+    }
+    mall.wait_status(13, "3", Duration::from_secs(20)).await;
+    // The sweeper finds the order no message came for (deadline + grace).
+    mall.wait_status(12, "4", Duration::from_secs(30)).await;
+    assert_eq!(mall.status(9).await, if paid_in_race { "1" } else { "4" });
+    for n in [7, 8] {
+        assert_eq!(mall.status(n).await, "1", "a paid order is left alone");
+    }
+
+    // Stock: every unpaid order's items left lock_stock once; paid ones were
+    // the shop's to move. Nothing reserved remains.
+    let sold: i64 = [7, 8, 13]
+        .into_iter()
+        .chain(paid_in_race.then_some(9))
+        .flat_map(Mall::items)
+        .map(|(_, q)| q as i64)
+        .sum();
+    let stock = mall.stock().await;
+    assert!(stock.values().all(|(_, lock)| *lock == 0), "{stock:?}");
+    assert_eq!(
+        stock.values().map(|(s, _)| 100 - s).sum::<i64>(),
+        sold,
+        "{stock:?}"
+    );
+
+    // The transition's stamp; no other column or table of the shop changed.
+    let stamped = shop
+        .rows(
+            &format!(
+                "SELECT {} FROM oms_order WHERE status = 4 AND modify_time IS NULL",
+                shop.text("id")
+            ),
+            vec![],
+        )
+        .await;
+    assert!(
+        stamped.is_empty(),
+        "cancelled without modify_time: {stamped:?}"
+    );
+    assert_eq!(mall.untouched().await, untouched);
+    let ours: Vec<String> = shop
+        .tables()
+        .await
+        .into_iter()
+        .filter(|t| !tables_before.contains(t))
+        .collect();
+    assert!(
+        ours.iter().all(|t| t.starts_with("order_timeout_")),
+        "tables the service made in the shop's database: {ours:?}"
+    );
+
+    let mut parked: Vec<(String, String)> = app
+        .drain_parked()
+        .await
+        .into_iter()
+        .map(|(reason, _, body)| (reason, String::from_utf8_lossy(&body).to_string()))
+        .collect();
+    parked.sort();
+    let reasons: Vec<&str> = parked.iter().map(|(r, _)| r.as_str()).collect();
+    let expected = if text_ids {
+        // "abc" is a text id like any other: no such order.
+        vec!["unknown_kind", "unknown_order", "unknown_order"]
+    } else {
+        vec!["invalid_body", "unknown_kind", "unknown_order"]
+    };
+    assert_eq!(reasons, expected, "{parked:?}");
+    assert!(
+        app.metric("order_timeout_sweeper_catches_total", &["kind=\"payment\""])
+            .await
+            >= 1.0
+    );
+}
+
+mod mall {
+    use crate::helpers::{Backend, DelayMode, run};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mariadb_ttl() {
+        run(Backend::MariaDb, DelayMode::Ttl, super::mall).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mariadb_plugin() {
+        run(Backend::MariaDb, DelayMode::Plugin, super::mall).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_ttl() {
+        run(Backend::Postgres, DelayMode::Ttl, super::mall).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_plugin() {
+        run(Backend::Postgres, DelayMode::Plugin, super::mall).await
+    }
+}
+
+// ---------------------------------------------------- a UUID-keyed table
+
+const UUID_SCHEMA: &[&str] = &[
+    "CREATE TABLE shop_orders (id UUID PRIMARY KEY, state TEXT NOT NULL, \
+     pay_by TIMESTAMPTZ NOT NULL, closed_at TIMESTAMPTZ, note TEXT)",
+    "CREATE TABLE shop_order_lines (order_id UUID NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)",
+    "CREATE TABLE shop_stock (sku TEXT PRIMARY KEY, on_hand INTEGER NOT NULL, reserved INTEGER NOT NULL)",
+    "INSERT INTO shop_stock VALUES ('tea', 50, 0), ('cup', 50, 0)",
+];
+
+/// The operator's own statement: the lines' quantities leave `reserved`
+/// and go back on hand. The id is bound as `$1`, never spliced.
+const UUID_RELEASE: &str = "UPDATE shop_stock SET reserved = shop_stock.reserved - l.qty, \
+     on_hand = shop_stock.on_hand + l.qty FROM shop_order_lines l \
+     WHERE l.order_id = $1 AND shop_stock.sku = l.sku";
+
+async fn uuid_table(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(
+        Spawn::new(backend, mode)
+            .setup(UUID_SCHEMA)
+            .env("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped")
+            .env("ORDER_TIMEOUT__MAPPING__TABLE", "shop_orders")
+            .env("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "state")
+            .env("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "closed_at")
+            .env("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "awaiting_payment")
+            .env("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "cancelled")
+            .env("ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN", "pay_by")
+            .env("ORDER_TIMEOUT__MAPPING__RELEASE_SQL", UUID_RELEASE),
+    )
+    .await;
+    let shop = Shop::open(&app, backend).await;
+    let ids: Vec<String> = (0..5).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    for id in &ids {
+        shop.exec(
+            "INSERT INTO shop_orders VALUES (CAST(? AS UUID), 'awaiting_payment', \
+             CURRENT_TIMESTAMP + INTERVAL '2 seconds', NULL, 'keep me')",
+            vec![id.as_str().into()],
+        )
+        .await;
+        for (sku, qty) in [("tea", 2), ("cup", 1)] {
+            shop.exec(
+                "INSERT INTO shop_order_lines VALUES (CAST(? AS UUID), ?, ?)",
+                vec![id.as_str().into(), sku.into(), qty.into()],
+            )
+            .await;
+            shop.exec(
+                "UPDATE shop_stock SET on_hand = on_hand - ?, reserved = reserved + ? WHERE sku = ?",
+                vec![qty.into(), qty.into(), sku.into()],
+            )
+            .await;
+        }
+    }
+    let placed = Instant::now();
+    // 0 in upper case (one order, however spelled); 1 twice; 2 early; 3 paid.
+    app.publish_timeout(&ids[0].to_uppercase(), "payment", 2_000)
+        .await;
+    for i in [1, 1, 3, 4] {
+        app.publish_timeout(&ids[i], "payment", 2_000).await;
+    }
+    app.publish_timeout(&ids[2], "payment", 300).await;
+    app.publish_timeout("not-a-uuid", "payment", 10).await;
+    let paid = shop
+        .exec(
+            "UPDATE shop_orders SET state = 'paid' WHERE id = CAST(? AS UUID) AND state = 'awaiting_payment'",
+            vec![ids[3].as_str().into()],
+        )
+        .await;
+    assert_eq!(paid, 1);
+    shop.exec(
+        "UPDATE shop_stock SET reserved = reserved - l.qty FROM shop_order_lines l \
+         WHERE l.order_id = CAST(? AS UUID) AND shop_stock.sku = l.sku",
+        vec![ids[3].as_str().into()],
+    )
+    .await;
+
+    let state = |i: usize| {
+        let shop = &shop;
+        let id = ids[i].clone();
+        async move {
+            shop.one(
+                "SELECT state FROM shop_orders WHERE id = CAST(? AS UUID)",
+                vec![id.into()],
+            )
+            .await
+        }
+    };
+    tokio::time::sleep_until(placed + Duration::from_millis(1_200)).await;
+    assert_eq!(
+        state(2).await,
+        "awaiting_payment",
+        "cancelled before pay_by"
+    );
+    for i in [0, 1, 2, 4] {
+        wait_until(Duration::from_secs(20), "cancelled at pay_by", || async {
+            (state(i).await == "cancelled").then_some(())
+        })
+        .await;
+    }
+    assert_eq!(state(3).await, "paid");
+    let late = shop
+        .rows(
+            "SELECT CAST(id AS TEXT) FROM shop_orders WHERE state = 'cancelled' AND (closed_at IS NULL OR closed_at < pay_by)",
+            vec![],
+        )
+        .await;
+    assert!(
+        late.is_empty(),
+        "closed before the deadline or unstamped: {late:?}"
+    );
+    // Released once each (1 came twice): nothing reserved, all on hand but
+    // the paid order's.
+    let stock = shop
+        .rows("SELECT sku, CAST(on_hand AS TEXT), CAST(reserved AS TEXT) FROM shop_stock ORDER BY sku", vec![])
+        .await;
+    assert_eq!(stock, vec!["cup|49|0", "tea|48|0"]);
+    let notes = shop
+        .rows(
+            "SELECT note FROM shop_orders WHERE note <> 'keep me'",
+            vec![],
+        )
+        .await;
+    assert!(notes.is_empty());
+    let parked = app.drain_parked().await;
+    let reasons: Vec<&str> = parked.iter().map(|(r, _, _)| r.as_str()).collect();
+    assert_eq!(reasons, vec!["invalid_body"], "{parked:?}");
+    assert!(parked[0].1.contains("not a UUID"), "{}", parked[0].1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uuid_table_postgres_ttl() {
+    run(Backend::Postgres, DelayMode::Ttl, uuid_table).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uuid_table_postgres_plugin() {
+    run(Backend::Postgres, DelayMode::Plugin, uuid_table).await
+}
+
+// --------------------------------------------- a mapping that does not match
+
+/// Start-up (and `doctor`) refuse a mapping the database does not have,
+/// naming the setting and the table or column; `doctor` reports what it
+/// found for one that matches. Nothing is changed either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_a_mapping_that_does_not_match() {
+    let app = spawn_app(mall_mapping(
+        Spawn::new(Backend::Postgres, DelayMode::Ttl).setup(&mall_schema(Backend::Postgres)),
+        false,
+    ))
+    .await;
+    let doctor = |changes: &[(&str, &str)]| {
+        let mut env = app.env.clone();
+        for (k, v) in changes {
+            env.insert(k.to_string(), v.to_string());
+        }
+        let out = Command::new(BIN).arg("doctor").envs(env).output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, report) = doctor(&[]);
+    assert!(ok, "{report}");
+    for line in [
+        "orders table oms_order: id id (bigint), status status (smallint)",
+        "payment: status 0 → 4 when create_time + windows.payment (3s) has passed",
+        "fulfillment: not mapped",
+        "stock: oms_order_item.product_quantity per oms_order_item.order_id given back from pms_sku_stock.lock_stock",
+        "payment: 0 waiting, 0 of them past the deadline now",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+    for (key, value, said) in [
+        (
+            "ORDER_TIMEOUT__MAPPING__STATUS_COLUMN",
+            "state",
+            "`mapping.status_column`: no column state in oms_order",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__TABLE",
+            "orders",
+            "`mapping.table`: no table orders",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN",
+            "order_sn",
+            "`mapping.payment.since_column`: oms_order.order_sn is character varying; expected a date and time",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__PAYMENT__FROM",
+            "unpaid",
+            "`mapping.payment.from`: 'unpaid' is not an integer",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__STOCK__RESERVED_COLUMN",
+            "locked",
+            "`mapping.stock.reserved_column`: no column locked in pms_sku_stock",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__RELEASE_SQL",
+            "UPDATE no_such_table SET x = 1 WHERE id = $1",
+            "`mapping.release_sql`: 'UPDATE no_such_table SET x = 1 WHERE id = $1' fails",
+        ),
+    ] {
+        let (ok, report) = doctor(&[(key, value)]);
+        assert!(
+            !ok && report.contains(said),
+            "{key}={value}: {said}\n{report}"
+        );
+        let out = Command::new(BIN)
+            .arg("serve")
+            .envs(app.env.clone())
+            .env(key, value)
+            .env("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(said),
+            "{key}={value}: {said}\n{stderr}"
+        );
+    }
+    let shop = Shop::open(&app, Backend::Postgres).await;
+    assert_eq!(
+        shop.one("SELECT CAST(COUNT(*) AS TEXT) FROM oms_order", vec![])
+            .await,
+        "0"
+    );
+}
