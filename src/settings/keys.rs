@@ -67,6 +67,10 @@ pub(super) const SECTIONS: &[Section] = &[
         check: None,
     },
     Section {
+        keys: ORDERS,
+        check: None,
+    },
+    Section {
         keys: MAPPING,
         check: Some(check_mapping),
     },
@@ -459,19 +463,22 @@ const LOG: &[Key] = &[
     },
 ];
 
-/// `orders.source` and `mapping.*` (see `mapping.rs`): empty means unset.
-const MAPPING: &[Key] = &[
-    Key {
-        name: "orders.source",
-        default: "owned",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.source,
-                parse_choice(k, v, &OrdersSource::ALL, OrdersSource::as_str),
-            )
-        },
-        show: |s| s.mapping.source.as_str().to_string(),
+/// Whose orders (see `mapping.rs`).
+const ORDERS: &[Key] = &[Key {
+    name: "orders.source",
+    default: "owned",
+    read: |k, v, s| {
+        set(
+            &mut s.mapping.source,
+            parse_choice(k, v, &OrdersSource::ALL, OrdersSource::as_str),
+        )
     },
+    show: |s| s.mapping.source.as_str().to_string(),
+}];
+
+/// A shop's own table (see `mapping.rs`): empty means unset; checked across
+/// keys, and with `orders.source`, once all are read.
+const MAPPING: &[Key] = &[
     Key {
         name: "mapping.table",
         default: "",

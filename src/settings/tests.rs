@@ -405,9 +405,9 @@ fn describe_lists_every_key_once_in_table_order() {
     assert_eq!(described, table);
     let unique: std::collections::BTreeSet<&str> = table.iter().copied().collect();
     assert_eq!(unique.len(), table.len(), "a key is in the table twice");
-    // The order doctor has always printed.
+    // The order doctor has always printed, then the orders and their mapping.
     assert_eq!(table.first(), Some(&"database.url"));
-    assert_eq!(table.last(), Some(&"log.level"));
+    assert_eq!(table.last(), Some(&"mapping.release_sql"));
 }
 
 #[test]
@@ -417,7 +417,9 @@ fn the_keys_of_a_section_share_its_name() {
         let first = name(&section.keys[0]).unwrap();
         for key in section.keys {
             assert_eq!(name(key), Some(first), "{}", key.name);
-            assert!(!key.name[first.len() + 1..].contains('.'), "{}", key.name);
+            // Only the mapping has tables within its table (`mapping.payment.from`).
+            let nested = key.name[first.len() + 1..].contains('.');
+            assert!(!nested || first == "mapping", "{}", key.name);
         }
     }
 }
@@ -485,7 +487,10 @@ fn every_key_reaches_its_own_field() {
     // passes the cross-key checks.
     let admin = ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A);
     let base = load(&[admin]).unwrap().describe();
-    for (i, key) in keys().enumerate() {
+    // The orders and their mapping only mean something together: see
+    // `every_mapping_key_reaches_its_own_field`.
+    let alone = |k: &&Key| !k.name.starts_with("mapping.") && k.name != "orders.source";
+    for (i, key) in keys().enumerate().filter(|(_, k)| alone(k)) {
         let var = format!(
             "{ENV_PREFIX}__{}",
             key.name.replace('.', "__").to_uppercase()
@@ -501,4 +506,200 @@ fn every_key_reaches_its_own_field() {
         assert_eq!(source, &Source::Env(var.clone()));
     }
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Two complete mappings between them set every `mapping.*` key to a value
+/// of its own; each shows up in its own key.
+#[test]
+fn every_mapping_key_reaches_its_own_field() {
+    let common = [
+        ("ORDER_TIMEOUT__DATABASE__URL", "postgres://u@db/shop"),
+        ("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped"),
+        ("ORDER_TIMEOUT__MAPPING__TABLE", "shop.orders_t"),
+        ("ORDER_TIMEOUT__MAPPING__ID_COLUMN", "id_c"),
+        ("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "status_c"),
+        ("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "stamp_c"),
+        ("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "p_from"),
+        ("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "p_to"),
+        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__FROM", "f_from"),
+        ("ORDER_TIMEOUT__MAPPING__RECEIPT__FROM", "r_from"),
+        ("ORDER_TIMEOUT__MAPPING__RECEIPT__TO", "r_to"),
+    ];
+    let a = [
+        ("ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN", "p_since"),
+        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__TO", "f_to"),
+        (
+            "ORDER_TIMEOUT__MAPPING__FULFILLMENT__DEADLINE_COLUMN",
+            "f_deadline",
+        ),
+        ("ORDER_TIMEOUT__MAPPING__RECEIPT__SINCE_COLUMN", "r_since"),
+        ("ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_TABLE", "items_t"),
+        (
+            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_ORDER_COLUMN",
+            "items_order",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_SKU_COLUMN",
+            "items_sku",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_QUANTITY_COLUMN",
+            "items_qty",
+        ),
+        ("ORDER_TIMEOUT__MAPPING__STOCK__TABLE", "stock_t"),
+        ("ORDER_TIMEOUT__MAPPING__STOCK__ID_COLUMN", "stock_id"),
+        (
+            "ORDER_TIMEOUT__MAPPING__STOCK__RESERVED_COLUMN",
+            "stock_reserved",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__STOCK__AVAILABLE_COLUMN",
+            "stock_available",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__RELEASE_SQL",
+            "DELETE FROM holds WHERE o = $1",
+        ),
+    ];
+    let b = [
+        (
+            "ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN",
+            "p_deadline",
+        ),
+        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__FLAG_COLUMN", "f_flag"),
+        (
+            "ORDER_TIMEOUT__MAPPING__FULFILLMENT__SINCE_COLUMN",
+            "f_since",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__RECEIPT__DEADLINE_COLUMN",
+            "r_deadline",
+        ),
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for variant in [&a[..], &b[..]] {
+        let env: Vec<(&str, &str)> = common.iter().chain(variant).copied().collect();
+        let described = load(&env).unwrap_or_else(|e| panic!("{e}")).describe();
+        for (var, value) in &env[1..] {
+            let key = var["ORDER_TIMEOUT__".len()..]
+                .replace("__", ".")
+                .to_lowercase();
+            let (_, shown, source) = described
+                .iter()
+                .find(|(k, _, _)| *k == key)
+                .unwrap_or_else(|| panic!("{key} not described"));
+            assert_eq!(shown, value, "`{key}`");
+            assert_eq!(source, &Source::Env(var.to_string()));
+            seen.insert(key);
+        }
+    }
+    let all: std::collections::BTreeSet<String> = keys()
+        .map(|k| k.name.to_string())
+        .filter(|k| k.starts_with("mapping.") || k == "orders.source")
+        .collect();
+    assert_eq!(seen, all, "every mapping key is set by one of the two");
+}
+
+/// What the mapping must say, across keys, is refused naming the key.
+#[test]
+fn a_mapping_that_cannot_work_names_its_key() {
+    let mapped = [
+        ("ORDER_TIMEOUT__DATABASE__URL", "postgres://u@db/shop"),
+        ("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped"),
+        ("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order"),
+        ("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "0"),
+        ("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "4"),
+        (
+            "ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN",
+            "create_time",
+        ),
+    ];
+    load(&mapped).expect("a minimal mapping");
+    // (changes to the minimal mapping, the key named, what the reason says)
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: &[Case] = &[
+        // A mapping key while the service owns the orders would be ignored.
+        (
+            &[("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order")],
+            "mapping.table",
+            "`orders.source` is owned",
+        ),
+        (
+            &[("ORDER_TIMEOUT__DATABASE__URL", "sqlite::memory:")],
+            "orders.source",
+            "PostgreSQL or MySQL",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__TABLE", "")],
+            "mapping.table",
+            "must name",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order; DROP TABLE x")],
+            "mapping.table",
+            "not a table name",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "a.b")],
+            "mapping.status_column",
+            "not a column name",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "")],
+            "mapping.payment.to",
+            "must be set",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "0")],
+            "mapping.payment.to",
+            "same status",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN", "")],
+            "mapping.payment.deadline_column",
+            "set this",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN", "d")],
+            "mapping.payment.since_column",
+            "not both",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "create_time")],
+            "mapping.stamp_column",
+            "would move the deadline",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__RECEIPT__TO", "3")],
+            "mapping.receipt.to",
+            "needs `mapping.receipt.from`",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_TABLE", "items")],
+            "mapping.stock.items_order_column",
+            "must be set",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__RELEASE_SQL", "UPDATE s SET r = 0")],
+            "mapping.release_sql",
+            "does not bind the order id",
+        ),
+    ];
+    for (changes, key, said) in cases {
+        let env: Vec<(&str, &str)> = if changes[0].0 == "ORDER_TIMEOUT__MAPPING__TABLE"
+            && *key == "mapping.table"
+            && said.contains("owned")
+        {
+            changes.to_vec()
+        } else {
+            mapped.iter().chain(changes.iter()).copied().collect()
+        };
+        match load(&env) {
+            Err(SettingsError::Invalid { key: k, reason }) => {
+                assert_eq!(&k, key, "{reason}");
+                assert!(reason.contains(said), "{key}: {reason}");
+            }
+            other => panic!("{key}: expected a refusal, got {other:?}"),
+        }
+    }
 }

@@ -815,3 +815,39 @@ async fn refuses_a_mapping_that_does_not_match() {
         "0"
     );
 }
+
+/// The README's worked example, `config/mall.toml`, is the mapping the mall
+/// tests run (the file read as `--config` reads it), and the README shows
+/// the file as it is.
+#[test]
+fn the_worked_example_is_the_tested_mapping() {
+    use order_timeout::settings::{Settings, SettingsSource};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let file = root.join("config/mall.toml");
+    let from_file = Settings::load(&SettingsSource {
+        file: Some(file.clone()),
+        env: Some(Default::default()),
+    })
+    .expect("config/mall.toml loads");
+    let env = mall_mapping(Spawn::new(Backend::MariaDb, DelayMode::Ttl), false)
+        .env
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .chain([(
+            "ORDER_TIMEOUT__DATABASE__URL".to_string(),
+            "mysql://root@127.0.0.1:3306/test".to_string(),
+        )])
+        .collect();
+    let tested = Settings::load(&SettingsSource {
+        file: None,
+        env: Some(env),
+    })
+    .expect("the tests' mapping loads");
+    assert_eq!(from_file.mapping, tested.mapping);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.contains(&text),
+        "README.md must show config/mall.toml as it is"
+    );
+}
