@@ -586,7 +586,8 @@ mod mall {
 
 const UUID_SCHEMA: &[&str] = &[
     "CREATE TABLE shop_orders (id UUID PRIMARY KEY, state TEXT NOT NULL, \
-     pay_by TIMESTAMPTZ NOT NULL, closed_at TIMESTAMPTZ, note TEXT)",
+     pay_by TIMESTAMPTZ NOT NULL, closed_at TIMESTAMPTZ, note TEXT, \
+     paid_at TIMESTAMPTZ, ship_overdue_at TIMESTAMPTZ)",
     "CREATE TABLE shop_order_lines (order_id UUID NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)",
     "CREATE TABLE shop_stock (sku TEXT PRIMARY KEY, on_hand INTEGER NOT NULL, reserved INTEGER NOT NULL)",
     "INSERT INTO shop_stock VALUES ('tea', 50, 0), ('cup', 50, 0)",
@@ -609,15 +610,26 @@ async fn uuid_table(backend: Backend, mode: DelayMode) {
             .env("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "awaiting_payment")
             .env("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "cancelled")
             .env("ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN", "pay_by")
-            .env("ORDER_TIMEOUT__MAPPING__RELEASE_SQL", UUID_RELEASE),
+            .env("ORDER_TIMEOUT__MAPPING__RELEASE_SQL", UUID_RELEASE)
+            // Paid and not shipped within a second: flagged, the status kept.
+            .env("ORDER_TIMEOUT__MAPPING__FULFILLMENT__FROM", "paid")
+            .env(
+                "ORDER_TIMEOUT__MAPPING__FULFILLMENT__FLAG_COLUMN",
+                "ship_overdue_at",
+            )
+            .env(
+                "ORDER_TIMEOUT__MAPPING__FULFILLMENT__SINCE_COLUMN",
+                "paid_at",
+            )
+            .env("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "1s"),
     )
     .await;
     let shop = Shop::open(&app, backend).await;
     let ids: Vec<String> = (0..5).map(|_| uuid::Uuid::new_v4().to_string()).collect();
     for id in &ids {
         shop.exec(
-            "INSERT INTO shop_orders VALUES (CAST(? AS UUID), 'awaiting_payment', \
-             CURRENT_TIMESTAMP + INTERVAL '2 seconds', NULL, 'keep me')",
+            "INSERT INTO shop_orders (id, state, pay_by, note) VALUES (CAST(? AS UUID), \
+             'awaiting_payment', CURRENT_TIMESTAMP + INTERVAL '2 seconds', 'keep me')",
             vec![id.as_str().into()],
         )
         .await;
@@ -645,7 +657,8 @@ async fn uuid_table(backend: Backend, mode: DelayMode) {
     app.publish_timeout("not-a-uuid", "payment", 10).await;
     let paid = shop
         .exec(
-            "UPDATE shop_orders SET state = 'paid' WHERE id = CAST(? AS UUID) AND state = 'awaiting_payment'",
+            "UPDATE shop_orders SET state = 'paid', paid_at = CURRENT_TIMESTAMP \
+             WHERE id = CAST(? AS UUID) AND state = 'awaiting_payment'",
             vec![ids[3].as_str().into()],
         )
         .await;
@@ -656,6 +669,10 @@ async fn uuid_table(backend: Backend, mode: DelayMode) {
         vec![ids[3].as_str().into()],
     )
     .await;
+
+    for _ in 0..2 {
+        app.publish_timeout(&ids[3], "fulfillment", 1_000).await;
+    }
 
     let state = |i: usize| {
         let shop = &shop;
@@ -680,6 +697,34 @@ async fn uuid_table(backend: Backend, mode: DelayMode) {
         })
         .await;
     }
+    assert_eq!(state(3).await, "paid");
+    let flag = || async {
+        shop.one(
+            "SELECT CAST(ship_overdue_at AS TEXT), CAST(ship_overdue_at >= paid_at + INTERVAL '1 second' AS TEXT) \
+             FROM shop_orders WHERE id = CAST(? AS UUID)",
+            vec![ids[3].as_str().into()],
+        )
+        .await
+    };
+    let flagged = wait_until(
+        Duration::from_secs(20),
+        "the paid order flagged",
+        || async {
+            let f = flag().await;
+            (!f.starts_with("NULL")).then_some(f)
+        },
+    )
+    .await;
+    assert!(
+        flagged.ends_with("|true"),
+        "flagged before its deadline: {flagged}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        flag().await,
+        flagged,
+        "flagged once, by the first of two messages"
+    );
     assert_eq!(state(3).await, "paid");
     let late = shop
         .rows(
