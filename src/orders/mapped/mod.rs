@@ -66,8 +66,8 @@ struct KindSql {
 
 #[derive(Debug)]
 enum Target {
-    /// Sets the status.
-    Status(Value),
+    /// Sets the status: the value bound, and as text.
+    Status(Value, String),
     /// Stamps this nullable time column once.
     Flag(String, Ty),
 }
@@ -236,7 +236,7 @@ impl Mapped {
         let mut sql = Sql::new(self.dialect);
         sql.push(&format!("UPDATE {} SET ", self.table));
         match &k.target {
-            Target::Status(to) => {
+            Target::Status(to, _) => {
                 sql.push(&format!("{} = ", self.status)).bind(to.clone());
             }
             Target::Flag(column, ty) => {
@@ -273,7 +273,7 @@ impl Mapped {
     ) -> Result<ExpiryOutcome, DbErr> {
         let flagged = match &k.target {
             Target::Flag(column, _) => format!("CASE WHEN {column} IS NULL THEN 0 ELSE 1 END"),
-            Target::Status(_) => "0".to_string(),
+            Target::Status(..) => "0".to_string(),
         };
         let mut sql = Sql::new(self.dialect);
         sql.push(&format!(
