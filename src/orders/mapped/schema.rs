@@ -278,10 +278,8 @@ fn kind_sql(
     let (from, from_text) = status_value("from", &km.from)?;
     let (target, target_said) = if km.flag_column.is_empty() {
         let (to, to_text) = status_value("to", &km.to)?;
-        (
-            Target::Status(to),
-            format!("status {from_text} → {to_text}"),
-        )
+        let said = format!("status {from_text} → {to_text}");
+        (Target::Status(to, to_text), said)
     } else {
         let ty = orders.column(
             &key("flag_column"),
