@@ -896,3 +896,56 @@ fn the_worked_example_is_the_tested_mapping() {
         "README.md must show config/mall.toml as it is"
     );
 }
+
+/// The service's own orders keep their positive integer ids: a UUID or an
+/// `order_sn` sent to an owned instance is parked as `invalid_body` by the
+/// router, before any delay, saying why; `"007"` is order 7.
+async fn owned_ids_stay_integers(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 1).await;
+    let id = app.order(&[("A", 1)], "1h").await;
+    for bad in [
+        "8f14e45f-ceea-467a-9a5f-1b7f2c3d4e5f",
+        "SN202612010001",
+        "-3",
+    ] {
+        app.publish_timeout(bad, "payment", 60_000).await;
+    }
+    let parked = app.names.parked();
+    wait_until(Duration::from_secs(10), "three parked", || async {
+        (app.queue_depth(&parked).await >= 3).then_some(())
+    })
+    .await;
+    for (reason, detail, _) in app.drain_parked().await {
+        assert_eq!(reason, "invalid_body");
+        assert!(detail.contains("`orders.source = owned`"), "{detail}");
+    }
+    app.wait_stage_timers(mode, 1, Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        app.stage_timers(mode).await,
+        1,
+        "only the order's own timer reached the delay stage"
+    );
+    // Leading zeros spell the same order: it is found, not due yet.
+    app.publish_timeout(&format!("00{id}"), "payment", 10).await;
+    let early = wait_until(
+        Duration::from_secs(10),
+        "the early timeout seen",
+        || async {
+            let n = app
+                .metric(
+                    "order_timeout_timeouts_handled_total",
+                    &["kind=\"payment\"", "outcome=\"not_yet_due\""],
+                )
+                .await;
+            (n >= 1.0).then_some(n)
+        },
+    )
+    .await;
+    assert!(early >= 1.0);
+    assert_eq!(app.get_order(&id).await["status"], "pending_payment");
+    assert_eq!(app.queue_depth(&parked).await, 0);
+}
+
+matrix!(owned_ids_stay_integers);
