@@ -316,6 +316,13 @@ impl KindConsumer {
             let error =
                 match store::expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout).await {
                     Ok(outcomes) => {
+                        if outcomes
+                            .values()
+                            .any(|o| matches!(o, ExpiryOutcome::Applied { .. }))
+                        {
+                            // Committed with their domain events: let the relay publish them.
+                            self.ctx.relay_wakeup.notify_one();
+                        }
                         decided.merge(outcomes, now);
                         continue;
                     }
