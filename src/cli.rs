@@ -8,7 +8,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use migrations::{Migrator, MigratorTrait};
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::{self, topology::Names, wire};
@@ -171,11 +170,11 @@ async fn migrate(settings: Settings, action: MigrateAction) -> anyhow::Result<Ex
     let conn = db::connect(&settings.database).await?;
     match action {
         MigrateAction::Up => {
-            Migrator::up(&conn, None).await?;
+            db::migrate(&conn).await?;
             println!("migrations applied");
         }
         MigrateAction::Down => {
-            Migrator::down(&conn, Some(1)).await?;
+            db::migrate_down_one(&conn).await?;
             println!("rolled back the last migration");
         }
         MigrateAction::Status => {

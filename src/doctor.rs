@@ -12,6 +12,8 @@ use crate::amqp::management::Management;
 use crate::amqp::topology::{self, Mode, Names, probe_plugin};
 use crate::amqp::{self};
 use crate::db;
+use crate::db::entities::order_timeout_events;
+use crate::db::store;
 use crate::domain::TimeoutKind;
 use crate::orders::Mapped;
 use crate::settings::{DelayMode, OrdersSource, Settings};
@@ -88,6 +90,21 @@ async fn check_database(report: &mut Report, settings: &Settings) {
             ),
         ),
         Err(e) => report.fail("migrations", e),
+    }
+    // Read only once migrated: before that the table may not exist.
+    if let Ok(state) = store::outbox_backlog::<order_timeout_events::Entity>(&conn).await {
+        let line = format!(
+            "{} domain events waiting to be published, {} set aside",
+            state.waiting, state.set_aside
+        );
+        if state.set_aside > 0 {
+            report.warn(
+                "events outbox",
+                format!("{line} (README, Events: putting them back)"),
+            );
+        } else {
+            report.ok("events outbox", line);
+        }
     }
 }
 
@@ -202,6 +219,17 @@ async fn check_topology(report: &mut Report, settings: &Settings, names: &Names,
     }
     let _ = conn.close(200, "doctor".into()).await;
     found.report(report, names, exchanges.len(), queues.len());
+    let events = format!("exchange {}", names.events());
+    let mut wrong = found.missing.iter().chain(&found.differing);
+    if !wrong.any(|w| *w == events || w.starts_with(&format!("{events} ("))) {
+        report.ok(
+            "events",
+            format!(
+                "{} (topic): every committed transition, routing key order.<event>; consumers bind their own queues",
+                names.events()
+            ),
+        );
+    }
 }
 
 /// The vhost compared with what this version declares.

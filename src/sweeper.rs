@@ -99,6 +99,8 @@ async fn expire_isolating(
                         caught += 1;
                         ctx.events
                             .sweeper_catch(kind, id, now.signed_since(*deadline));
+                        // Committed with its domain event: let the relay publish it.
+                        ctx.relay_wakeup.notify_one();
                     }
                 }
             }

@@ -1,15 +1,28 @@
-//! SeaORM migrations of order-timeout. `Migrator` lists them in order; each file
-//! is named `mYYYYMMDD_NNNNNN_verb_noun.rs`. The service runs them on start
-//! (unless `database.migrate_on_start = false`) and `order-timeout migrate`
-//! runs them by hand.
+//! SeaORM migrations of order-timeout, in two migrators, each listing its
+//! migrations in order; each file is named `mYYYYMMDD_NNNNNN_verb_noun.rs`.
+//!
+//! - [`Migrator`]: the tables of the service's own orders, stock and timeout
+//!   outbox (`seaql_migrations` records it).
+//! - [`Bookkeeping`]: the tables the service keeps about orders whatever owns
+//!   them (the event outbox, the audit trail of the mapped mode), all named
+//!   `order_timeout_…`, recorded in `order_timeout_migrations`: they may be
+//!   created inside a shop's own database, next to its tables, so no name of
+//!   theirs may be a generic one.
+//!
+//! The service runs `Migrator` then `Bookkeeping` on start (unless
+//! `database.migrate_on_start = false`), and `order-timeout migrate` runs
+//! them by hand.
 
 pub use sea_orm_migration::prelude::*;
+pub use sea_orm_migration::{Migration, MigrationStatus};
 
 mod m20261130_000001_create_tables;
 mod m20261130_000002_create_order_events;
 mod m20261201_000003_add_late_payment_at;
 mod m20261201_000004_create_idempotency_keys;
 mod m20261201_000005_add_outbox_claims;
+mod m20261215_000001_create_event_outbox;
+mod m20261215_000002_create_audit;
 
 /// All migrations of the service, oldest first.
 pub struct Migrator;
@@ -24,5 +37,26 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000004_create_idempotency_keys::Migration),
             Box::new(m20261201_000005_add_outbox_claims::Migration),
         ]
+    }
+}
+
+/// The bookkeeping tables (`order_timeout_…`), oldest first, with their own
+/// migration table so that they can be migrated apart from [`Migrator`]'s.
+pub struct Bookkeeping;
+
+/// The table that records which [`Bookkeeping`] migrations were applied.
+pub const BOOKKEEPING_MIGRATION_TABLE: &str = "order_timeout_migrations";
+
+#[async_trait::async_trait]
+impl MigratorTrait for Bookkeeping {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![
+            Box::new(m20261215_000001_create_event_outbox::Migration),
+            Box::new(m20261215_000002_create_audit::Migration),
+        ]
+    }
+
+    fn migration_table_name() -> DynIden {
+        Alias::new(BOOKKEEPING_MIGRATION_TABLE).into_iden()
     }
 }

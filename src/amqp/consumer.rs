@@ -321,6 +321,13 @@ impl KindConsumer {
                 .await
             {
                 Ok(outcomes) => {
+                    if outcomes
+                        .values()
+                        .any(|o| matches!(o, ExpiryOutcome::Applied { .. }))
+                    {
+                        // Committed with their domain events: let the relay publish them.
+                        self.ctx.relay_wakeup.notify_one();
+                    }
                     decided.merge(outcomes, now);
                     continue;
                 }

@@ -127,8 +127,12 @@ mod tests {
         let names = Names::new("p");
         let d = definitions(&names, Mode::Ttl);
         let levels = topology::LEVELS as usize;
-        // entry, parked, due, out.00..out.23
-        assert_eq!(d["exchanges"].as_array().unwrap().len(), 3 + levels + 1);
+        // entry, parked, due, events, out.00..out.23
+        assert_eq!(d["exchanges"].as_array().unwrap().len(), 4 + levels + 1);
+        assert_eq!(
+            d["exchanges"][3],
+            json!({"name": "p.events", "type": "topic", "durable": true, "auto_delete": false, "internal": false, "arguments": {}})
+        );
         // ingest, parked, three work queues, level.00..level.22
         assert_eq!(
             d["queues"].as_array().unwrap().len(),

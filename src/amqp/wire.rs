@@ -278,13 +278,47 @@ pub fn properties(
     for (k, v) in extra {
         headers.insert(ShortString::from(*k), v.clone());
     }
+    // Persistent: a timer must survive a broker restart.
+    persistent_json(message_id, now).with_headers(FieldTable::from(headers))
+}
+
+/// JSON, persistent, with this message id and a timestamp in whole seconds:
+/// what every message the service makes carries.
+fn persistent_json(message_id: &str, at: Millis) -> BasicProperties {
     BasicProperties::default()
         .with_content_type("application/json".into())
-        // Persistent: a timer must survive a broker restart.
         .with_delivery_mode(2)
         .with_message_id(message_id.into())
-        .with_timestamp(u64::try_from(now.0 / 1000).unwrap_or(0))
-        .with_headers(FieldTable::from(headers))
+        .with_timestamp(u64::try_from(at.0 / 1000).unwrap_or(0))
+}
+
+/// Header of a domain event message: the event (as in the body).
+pub const EVENT_HEADER: &str = "event";
+/// Header of a domain event message: the order id (as in the body).
+pub const ORDER_ID_HEADER: &str = "order_id";
+
+/// Properties of a domain event message (wire contract v1 for events):
+/// JSON, persistent (a consumer's durable queue keeps it through a broker
+/// restart), the row's stable message id (the same on every re-publish, for
+/// de-duplication), the time of the transition, and the event and order id
+/// again as headers, for consumers that filter on headers (an
+/// exchange-to-exchange binding into a headers exchange of their own).
+pub fn event_properties(
+    message_id: &str,
+    at: Millis,
+    event: &str,
+    order_id: &str,
+) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    for (k, v) in [(EVENT_HEADER, event), (ORDER_ID_HEADER, order_id)] {
+        headers.insert(
+            k.into(),
+            AMQPValue::LongString(LongString::from(v.as_bytes().to_vec())),
+        );
+    }
+    persistent_json(message_id, at)
+        .with_app_id("order-timeout".into())
+        .with_headers(headers)
 }
 
 /// A publisher's properties as the service publishes them again (into the
@@ -398,6 +432,32 @@ pub fn header_text(headers: Option<&FieldTable>, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_properties_are_json_persistent_with_the_stable_id() {
+        let at = Millis::parse_rfc3339("2026-11-30T05:30:00.004Z").unwrap();
+        let p = event_properties("b1c2", at, "cancelled", "SN-1");
+        assert_eq!(
+            p.content_type().as_ref().map(|c| c.as_str()),
+            Some("application/json")
+        );
+        assert_eq!(*p.delivery_mode(), Some(2));
+        assert_eq!(p.message_id().as_ref().map(|m| m.as_str()), Some("b1c2"));
+        assert_eq!(*p.timestamp(), Some(1_796_016_600));
+        let headers = p.headers().as_ref();
+        assert_eq!(
+            header_text(headers, EVENT_HEADER).as_deref(),
+            Some("cancelled")
+        );
+        assert_eq!(
+            header_text(headers, ORDER_ID_HEADER).as_deref(),
+            Some("SN-1")
+        );
+        assert!(
+            header_int(headers, X_DELAY).is_none(),
+            "no delay: it is no timer"
+        );
+    }
 
     fn table(value: AMQPValue) -> FieldTable {
         let mut t = FieldTable::default();

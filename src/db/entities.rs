@@ -200,3 +200,79 @@ pub mod idempotency_keys {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+/// `order_timeout_events`: the event outbox, one row per domain event,
+/// written in the transaction of its transition (see `db::events`).
+pub mod order_timeout_events {
+    use sea_orm::entity::prelude::*;
+
+    /// One event waiting to be published.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "order_timeout_events")]
+    pub struct Model {
+        /// Database-assigned id: the relay publishes in this order.
+        #[sea_orm(primary_key)]
+        pub id: i64,
+        /// The message id every publish of this row carries (a UUID made at insert).
+        pub message_id: String,
+        /// The order, as on the wire.
+        pub order_id: String,
+        /// `cancelled`, `paid`, … : the routing key is `order.<event>`.
+        pub event: String,
+        /// The complete JSON message body.
+        pub body: String,
+        /// When the row was written.
+        pub created_at_ms: i64,
+        /// Publish attempts that did not get a broker ack.
+        pub attempts: i32,
+        /// The relay round that holds the row, while it publishes it.
+        pub claim: Option<String>,
+        /// End of that round's lease; after it, any relay may take the row.
+        pub claimed_until_ms: Option<i64>,
+        /// When the row was set aside (no relay takes it again).
+        pub set_aside_at_ms: Option<i64>,
+        /// Why it was set aside.
+        pub set_aside_reason: Option<String>,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+/// `order_timeout_audit`: the audit trail of orders in a shop's own tables
+/// (the mapped mode's; the owned mode keeps `order_events`).
+pub mod order_timeout_audit {
+    use sea_orm::entity::prelude::*;
+
+    /// One recorded transition.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "order_timeout_audit")]
+    pub struct Model {
+        /// Database-assigned id; orders the entries of one order.
+        #[sea_orm(primary_key)]
+        pub id: i64,
+        /// The order, as on the wire.
+        pub order_id: String,
+        /// What happened (the event names of `db::events`).
+        pub event: String,
+        /// Status before, as the shop spells it (none for a creation).
+        pub from_status: Option<String>,
+        /// Status after, as the shop spells it.
+        pub to_status: String,
+        /// `timeout`, `sweeper`, `buyer` or `shop`.
+        pub cause: String,
+        /// When.
+        pub at_ms: i64,
+        /// A sentence for people, when there is more to say.
+        pub detail: Option<String>,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

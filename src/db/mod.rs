@@ -1,15 +1,24 @@
 //! The database: connecting (with the right settings per backend), migrating,
-//! and the transactions in [`store`].
+//! the transactions in [`store`], and the domain events every transition
+//! appends ([`events`]).
 
 pub mod entities;
+pub mod events;
 pub mod store;
 
 use std::time::Duration;
 
-use migrations::{Migrator, MigratorTrait};
+use migrations::{Bookkeeping, Migrator, MigratorTrait};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbBackend, DbErr};
 
 use crate::settings::DatabaseSettings;
+
+/// Most values one statement binds from a list (ids in an `IN`, SKUs in a
+/// `CASE`, rows of a multi-row `INSERT`). SQLite accepts 32,766 bind
+/// parameters per statement, PostgreSQL and MySQL 65,535; a stock move binds
+/// five per SKU, an audit row seven and an event row six, so lists are cut
+/// well below both. (Also `store::LIST_CHUNK`.)
+pub const LIST_CHUNK: usize = 500;
 
 /// How long a SQLite writer waits for another connection's write to end
 /// before it fails with `database is locked`.
@@ -79,26 +88,47 @@ pub async fn connect_pool(
         .map_err(|e| DbErr::Custom(crate::settings::scrub_url(&e.to_string(), url)))
 }
 
-/// Applies pending migrations.
+/// Applies pending migrations: the service's own tables ([`Migrator`]), then
+/// its bookkeeping tables ([`migrate_bookkeeping`]).
 pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
-    Migrator::up(db, None).await
+    Migrator::up(db, None).await?;
+    migrate_bookkeeping(db).await
 }
 
-/// `(applied, pending)` migration names.
+/// Applies pending migrations of the bookkeeping tables only (the event
+/// outbox and the audit trail, all named `order_timeout_…`, recorded in
+/// their own migration table): what a database needs whose orders are not
+/// the service's own.
+pub async fn migrate_bookkeeping(db: &DatabaseConnection) -> Result<(), DbErr> {
+    Bookkeeping::up(db, None).await
+}
+
+/// Rolls back the most recent migration: the last bookkeeping one while any
+/// is applied (they were applied after the service's own), else the last of
+/// the service's own.
+pub async fn migrate_down_one(db: &DatabaseConnection) -> Result<(), DbErr> {
+    if Bookkeeping::get_applied_migrations(db).await?.is_empty() {
+        Migrator::down(db, Some(1)).await
+    } else {
+        Bookkeeping::down(db, Some(1)).await
+    }
+}
+
+/// `(applied, pending)` migration names, the service's own then the
+/// bookkeeping ones, in the order they apply. Read only: a database that
+/// was never migrated is reported, not changed.
 pub async fn migration_status(
     db: &DatabaseConnection,
 ) -> Result<(Vec<String>, Vec<String>), DbErr> {
-    let applied: Vec<String> = Migrator::get_applied_migrations(db)
-        .await?
+    let mut all = Migrator::get_migration_with_status_read_only(db).await?;
+    all.extend(Bookkeeping::get_migration_with_status_read_only(db).await?);
+    let (applied, pending): (Vec<_>, Vec<_>) = all
         .iter()
-        .map(|m| m.name().to_string())
-        .collect();
-    let pending: Vec<String> = Migrator::get_pending_migrations(db)
-        .await?
-        .iter()
-        .map(|m| m.name().to_string())
-        .collect();
-    Ok((applied, pending))
+        .partition(|m| m.status() == migrations::MigrationStatus::Applied);
+    let names = |list: Vec<&migrations::Migration>| -> Vec<String> {
+        list.iter().map(|m| m.name().to_string()).collect()
+    };
+    Ok((names(applied), names(pending)))
 }
 
 /// Cheap round trip, for `/readyz` and `doctor`.

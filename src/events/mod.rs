@@ -10,7 +10,8 @@ mod metrics;
 
 use metrics::Metrics;
 
-use crate::db::store::OutboxState;
+use crate::db::events::EVENTS;
+use crate::db::store::{Outbox, OutboxState};
 use crate::domain::{Action, Millis, OrderId, OrderKey, OrderStatus, TimeoutKind};
 
 /// The service's events: each function logs one thing that happened and
@@ -38,6 +39,9 @@ impl Events {
             let _ = events.m.http_refused.get_or_create(&[("reason", reason)]);
         }
         let _ = events.m.blocked.get_or_create(&[("role", "relay")]);
+        for event in EVENTS {
+            let _ = events.m.events_published.get_or_create(&[("event", event)]);
+        }
         let _ = events.m.task_panics.get_or_create(&[("role", "consumer")]);
         Arc::new(events)
     }
@@ -235,28 +239,71 @@ impl Events {
         tracing::debug!(rows = n, "outbox rows published");
     }
 
-    /// Outbox rows were not confirmed; they are tried again after a wait.
-    pub fn outbox_failed(&self, n: u64, error: &str) {
-        self.m.outbox_publish_failures.inc_by(n);
-        tracing::warn!(rows = n, error, "outbox publish not confirmed; will retry");
+    /// Domain events were published and confirmed, one name per event.
+    pub fn events_published<'a>(&self, events: impl IntoIterator<Item = &'a str>) {
+        let mut n = 0;
+        for event in events {
+            // A label from the known set only: the column is text, and a
+            // label per unknown value would grow the registry without bound.
+            let label = EVENTS.into_iter().find(|e| *e == event).unwrap_or("other");
+            self.m
+                .events_published
+                .get_or_create(&[("event", label)])
+                .inc();
+            n += 1;
+        }
+        tracing::debug!(events = n, "domain events published");
     }
 
-    /// Outbox rows were set aside; no relay takes them again.
-    pub fn outbox_set_aside(&self, ids: &[i64], reason: &str) {
-        self.m.outbox_set_aside.inc_by(ids.len() as i64);
-        tracing::error!(
-            outbox_ids = ?ids,
-            reason,
-            "outbox rows set aside: no relay publishes them again (the sweeper still applies their timeouts); see the README to put them back"
+    /// Rows of an outbox were not confirmed; they are tried again after a wait.
+    pub fn outbox_failed(&self, outbox: Outbox, n: u64, error: &str) {
+        let failures = match outbox {
+            Outbox::Timeouts => &self.m.outbox_publish_failures,
+            Outbox::Events => &self.m.events_publish_failures,
+        };
+        failures.inc_by(n);
+        tracing::warn!(
+            outbox = outbox_name(outbox),
+            rows = n,
+            error,
+            "outbox publish not confirmed; will retry"
         );
     }
 
-    /// The outbox now.
-    pub fn outbox_backlog(&self, state: OutboxState, now: Millis) {
-        self.m.outbox_backlog.set(state.waiting as i64);
+    /// Rows of an outbox were set aside; no relay takes them again.
+    pub fn outbox_set_aside(&self, outbox: Outbox, ids: &[i64], reason: &str) {
+        let (gauge, what) = match outbox {
+            Outbox::Timeouts => (
+                &self.m.outbox_set_aside,
+                "outbox rows set aside: no relay publishes them again (the sweeper still applies their timeouts); see the README to put them back",
+            ),
+            Outbox::Events => (
+                &self.m.events_set_aside,
+                "domain events set aside: no relay publishes them again until an operator puts them back (README, Events)",
+            ),
+        };
+        gauge.inc_by(ids.len() as i64);
+        tracing::error!(outbox = outbox_name(outbox), outbox_ids = ?ids, reason, "{what}");
+    }
+
+    /// An outbox now.
+    pub fn outbox_backlog(&self, outbox: Outbox, state: OutboxState, now: Millis) {
+        let (backlog, oldest, set_aside) = match outbox {
+            Outbox::Timeouts => (
+                &self.m.outbox_backlog,
+                &self.m.outbox_oldest_age,
+                &self.m.outbox_set_aside,
+            ),
+            Outbox::Events => (
+                &self.m.events_backlog,
+                &self.m.events_oldest_age,
+                &self.m.events_set_aside,
+            ),
+        };
+        backlog.set(state.waiting as i64);
         let age = state.oldest.map(|o| now.since(o)).unwrap_or_default();
-        self.m.outbox_oldest_age.set(age.as_secs_f64());
-        self.m.outbox_set_aside.set(state.set_aside as i64);
+        oldest.set(age.as_secs_f64());
+        set_aside.set(state.set_aside as i64);
     }
 
     /// The database answered but refused a batch of `size` timeouts: it is
@@ -475,5 +522,13 @@ impl Events {
     /// `parked_messages_total{by="router"}` what it refused.
     pub fn routed(&self, kind: TimeoutKind, routing_key: &str) {
         tracing::trace!(kind = kind.as_str(), routing_key, "routed");
+    }
+}
+
+/// An outbox's table, as logs name it.
+fn outbox_name(outbox: Outbox) -> &'static str {
+    match outbox {
+        Outbox::Timeouts => "outbox",
+        Outbox::Events => "order_timeout_events",
     }
 }

@@ -253,7 +253,8 @@ pub(super) async fn create_order(
     let key = key.map(|key| IdempotencyKey::new(key, &items, window, checkout_answer));
     match store::checkout(&ctx.api_db, &items, window, Millis::now(), key.as_ref()).await {
         Ok(order) => {
-            // The outbox row is committed: let the relay publish it now.
+            // The outbox row and the `created` event are committed: let the
+            // relay publish them now.
             ctx.relay_wakeup.notify_one();
             ctx.events
                 .order_created(order.id, &order.pay_deadline.to_rfc3339());
@@ -385,7 +386,8 @@ pub(super) async fn order_action(
     .await
     {
         Ok(order) => {
-            // Pay and ship wrote an outbox row: let the relay publish it now.
+            // Every action wrote its domain event, pay and ship an outbox row
+            // too: let the relay publish them now.
             ctx.relay_wakeup.notify_one();
             ctx.events.order_changed(id, action);
             Ok(Json(OrderView::from(order)).into_response())
@@ -395,6 +397,11 @@ pub(super) async fn order_action(
             reason,
             late_payment,
         }) => {
+            if late_payment {
+                // The refusal committed the late payment's event (and the
+                // timeout's cancel, when no message had applied it yet).
+                ctx.relay_wakeup.notify_one();
+            }
             ctx.events
                 .action_refused(id, action, order.status, late_payment);
             Err(TransitionError::Conflict {

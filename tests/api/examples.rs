@@ -10,7 +10,7 @@ use crate::helpers::*;
 
 /// The Python interpreter with pika: `ORDER_TIMEOUT_TEST_PYTHON`, else the
 /// project's `.venv` that `make test` creates.
-fn python() -> Option<PathBuf> {
+pub fn python() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("ORDER_TIMEOUT_TEST_PYTHON") {
         return Some(PathBuf::from(p));
     }
@@ -20,7 +20,7 @@ fn python() -> Option<PathBuf> {
 
 /// Skips (saying why) when run outside `make test` without the client library;
 /// under `make test` (ORDER_TIMEOUT_REQUIRE_EXAMPLES=1) a missing one fails.
-fn missing(what: &str) {
+pub fn missing(what: &str) {
     if std::env::var("ORDER_TIMEOUT_REQUIRE_EXAMPLES").is_ok() {
         panic!("{what} is required under make test");
     }
@@ -115,14 +115,14 @@ async fn python_pika_postgres_plugin() {
 
 /// amqplib's folder: `ORDER_TIMEOUT_TEST_NODE_MODULES`, else the example's own
 /// `node_modules` that `make examples-deps` installs.
-fn node_modules() -> Option<PathBuf> {
+pub fn node_modules() -> Option<PathBuf> {
     let dir = std::env::var("ORDER_TIMEOUT_TEST_NODE_MODULES")
         .map(PathBuf::from)
         .unwrap_or_else(|_| repo_path("rabbitmq/examples/node/node_modules"));
     dir.join("amqplib").exists().then_some(dir)
 }
 
-fn runs(program: &str) -> bool {
+pub fn runs(program: &str) -> bool {
     Command::new(program)
         .arg("--version")
         .output()

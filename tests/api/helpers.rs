@@ -1041,6 +1041,46 @@ pub fn cancelled_once(order: &Value) {
     );
 }
 
+/// A trigger `name` that makes the database refuse a statement `on` a table
+/// (`BEFORE UPDATE ON orders`, …) for the rows where `condition` holds
+/// (written with `OLD`/`NEW`, the same on every backend), with `message`: as
+/// a constraint or a broken row would.
+pub async fn refusing_trigger(
+    db: &sea_orm::DatabaseConnection,
+    backend: Backend,
+    name: &str,
+    on: &str,
+    condition: &str,
+    message: &str,
+) {
+    let statements = match backend {
+        Backend::Sqlite => vec![format!(
+            "CREATE TRIGGER {name} {on} WHEN {condition} \
+             BEGIN SELECT RAISE(ABORT, '{message}'); END"
+        )],
+        Backend::Postgres => vec![
+            format!(
+                "CREATE FUNCTION {name}() RETURNS trigger AS $$ \
+                 BEGIN RAISE EXCEPTION '{message}'; END $$ LANGUAGE plpgsql"
+            ),
+            format!(
+                "CREATE TRIGGER {name} {on} FOR EACH ROW \
+                 WHEN ({condition}) EXECUTE FUNCTION {name}()"
+            ),
+        ],
+        Backend::MariaDb => vec![format!(
+            "CREATE TRIGGER {name} {on} FOR EACH ROW BEGIN \
+             IF {condition} THEN SIGNAL SQLSTATE '45000' \
+             SET MESSAGE_TEXT = '{message}'; END IF; END"
+        )],
+    };
+    for sql in statements {
+        db.execute_unprepared(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
 /// A file of this repository (the README, the shipped examples and definitions).
 pub fn repo_path(path: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)

@@ -33,6 +33,7 @@ macro_rules! matrix {
 mod auth; // who may call what, tokens never logged
 mod core; // the core promises, every backend and delay mode
 mod dashboard; // the Grafana dashboard's queries name real metrics
+mod events; // domain events: each committed transition told once, consumer examples
 mod examples; // publishers in other languages (Python, Node, curl)
 mod hardening; // failure paths a well-formed flow never reaches
 mod hostile_input; // garbage on the AMQP side is parked, consumption goes on

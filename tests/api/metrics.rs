@@ -79,6 +79,20 @@ async fn every_documented_metric_after_a_timeout_cycle() {
     let far = refusals_payments_and_early_timeouts(&app).await;
     sweeper_catches_a_lost_timer(&app).await;
     database_failure_pauses_the_consumer(&app, &far).await;
+    // Every committed transition's domain event is out (the relay publishes
+    // them after commit, at its own pace).
+    wait_until(
+        Duration::from_secs(10),
+        "10 domain events published",
+        || async {
+            let published = app
+                .metric("order_timeout_events_published_total", &[])
+                .await;
+            let backlog = app.metric("order_timeout_events_backlog", &[]).await;
+            (published == 10.0 && backlog == 0.0).then_some(())
+        },
+    )
+    .await;
 
     let text = app.metrics().await;
     let s = samples(&text);
@@ -309,6 +323,25 @@ fn assert_counters_match_the_cycle(s: &[(String, String, f64)]) {
     eq("order_timeout_outbox_backlog", &[], 0.0);
     eq("order_timeout_outbox_oldest_age_seconds", &[], 0.0);
     eq("order_timeout_held_messages", &[], 0.0);
+    // The domain events of the cycle: 5 orders created, 1 paid, 3 cancelled
+    // (two timeouts, one sweep), 1 late payment; nothing else.
+    for (event, n) in [
+        ("created", 5.0),
+        ("paid", 1.0),
+        ("cancelled", 3.0),
+        ("late_payment", 1.0),
+        ("shipped", 0.0),
+        ("completed", 0.0),
+        ("fulfillment_overdue", 0.0),
+    ] {
+        let label = format!("event=\"{event}\"");
+        eq("order_timeout_events_published_total", &[&label], n);
+    }
+    eq("order_timeout_events_published_total", &[], 10.0);
+    eq("order_timeout_events_publish_failures_total", &[], 0.0);
+    eq("order_timeout_events_backlog", &[], 0.0);
+    eq("order_timeout_events_oldest_age_seconds", &[], 0.0);
+    eq("order_timeout_events_set_aside", &[], 0.0);
 }
 
 /// Deliveries through each queue, consumer pauses, and each broker role's

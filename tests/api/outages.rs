@@ -171,20 +171,21 @@ async fn broker_down(vhost: &str) {
     close_connections(vhost, false).await;
 }
 
-async fn broker_up(vhost: &str) {
+/// Gives the vhost back to the service: it reconnects on its own.
+pub async fn broker_up(vhost: &str) {
     broker_api()
         .grant(vhost)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
-async fn checkout_with_broker_down(backend: Backend, mode: DelayMode) {
-    let app = spawn_app(Spawn::new(backend, mode)).await;
-    app.put_stock("A", 5).await;
+/// Takes the broker away from the app's vhost and waits until `/readyz`
+/// says so for every role: none of the service's connections is left.
+pub async fn broker_away(app: &TestApp) {
     broker_down(&app.vhost).await;
     wait_until(
         Duration::from_secs(20),
-        "readyz reports the broker down",
+        "readyz reports every broker role down",
         || async {
             // The management API lists a connection only once its first
             // statistics are in: close again whatever has appeared since.
@@ -197,10 +198,18 @@ async fn checkout_with_broker_down(backend: Backend, mode: DelayMode) {
                 .ok()?;
             let status = resp.status();
             let body: Value = resp.json().await.ok()?;
-            (status == 503 && body["broker"]["ok"] == false).then_some(())
+            let roles = body["broker"]["connections"].as_object()?;
+            let all_down = !roles.is_empty() && roles.values().all(|up| up == false);
+            (status == 503 && all_down).then_some(())
         },
     )
     .await;
+}
+
+async fn checkout_with_broker_down(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    app.put_stock("A", 5).await;
+    broker_away(&app).await;
 
     // Checkout still works; the timeout waits in the outbox.
     let id = app.order(&[("A", 2)], "2s").await;

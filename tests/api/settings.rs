@@ -159,19 +159,26 @@ async fn doctor_and_schedule(backend: Backend, mode: DelayMode) {
     );
     let (topology, other_queue_type, in_use, absent) = match mode {
         DelayMode::Ttl => (
-            "topology: 27 exchanges and 28 queues declared, types and arguments as expected",
+            "topology: 28 exchanges and 28 queues declared, types and arguments as expected",
             "28 declared with another type or other arguments",
             "ttl stage: 23 level queues, 0 timers waiting (in use)",
             "plugin stage: not declared in this vhost",
         ),
         DelayMode::Plugin => (
-            "topology: 4 exchanges and 5 queues declared, types and arguments as expected",
+            "topology: 5 exchanges and 5 queues declared, types and arguments as expected",
             "5 declared with another type or other arguments",
             "plugin stage: order.timeouts.delay, 0 timers waiting (in use)",
             "ttl stage: not declared in this vhost",
         ),
     };
-    for line in [topology, in_use, absent, "(env ORDER_TIMEOUT__AMQP__URL)"] {
+    let events = [
+        "ok    events: order.timeouts.events (topic): every committed transition",
+        "ok    events outbox: 0 domain events waiting to be published, 0 set aside",
+    ];
+    for line in [topology, in_use, absent, "(env ORDER_TIMEOUT__AMQP__URL)"]
+        .into_iter()
+        .chain(events)
+    {
         assert!(stdout.contains(line), "{line}\n{stdout}");
     }
 

@@ -7,6 +7,7 @@
 //!   plugin: <prefix>.delay (x-delayed-message, direct by kind) ─► <prefix>.due
 //! <prefix>.due (topic, by kind) ─► <prefix>.work.<kind> ─► consumer
 //! anything that breaks the contract ─► <prefix>.parked (with x-parked-reason)
+//! relay, after each transition's commit ─► <prefix>.events (topic, order.<event>) ─► consumers' own queues
 //! ```
 //!
 //! The two stages have different names and both end in `due`, so they live side
@@ -140,6 +141,11 @@ impl Names {
     /// Exchange and queue of messages that broke the contract.
     pub fn parked(&self) -> String {
         format!("{}.parked", self.prefix)
+    }
+    /// Where the domain events go (a topic exchange, routing key
+    /// `order.<event>`); consumers bind their own queues to it.
+    pub fn events(&self) -> String {
+        format!("{}.events", self.prefix)
     }
 }
 
@@ -337,6 +343,17 @@ pub fn exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
             kind: ExchangeType::Topic,
             arguments: alternate,
             earlier,
+        },
+        // Domain events, routing key `order.<event>`: topic, so a consumer
+        // binds `order.#`, `order.cancelled` or `order.*` to its own queue.
+        // Nothing of the service is bound to it, and no alternate exchange:
+        // an event nobody listens to is dropped, as on any pub/sub exchange,
+        // instead of filling the parked queue.
+        ExchangeSpec {
+            name: names.events(),
+            kind: ExchangeType::Topic,
+            arguments: Vec::new(),
+            earlier: None,
         },
     ];
     out.extend(stage_exchanges(names, mode));

@@ -117,9 +117,30 @@ fn both_stages_drain_into_due_and_each_timer_enters_one() {
     assert_eq!(core_bindings(&names), plugin[..core_bindings(&names).len()]);
     assert_eq!(core_bindings(&names), ttl[..core_bindings(&names).len()]);
     assert_eq!(
-        exchanges(&names, Mode::Ttl)[..3],
-        exchanges(&names, Mode::Plugin)[..3]
+        exchanges(&names, Mode::Ttl)[..4],
+        exchanges(&names, Mode::Plugin)[..4]
     );
+}
+
+#[test]
+fn the_events_exchange_is_a_bare_topic_in_both_modes() {
+    let names = Names::new("t");
+    for mode in [Mode::Ttl, Mode::Plugin] {
+        let events: Vec<ExchangeSpec> = exchanges(&names, mode)
+            .into_iter()
+            .filter(|x| x.name == "t.events")
+            .collect();
+        assert_eq!(events.len(), 1, "{mode:?}");
+        assert_eq!(events[0].kind, ExchangeType::Topic);
+        // Nothing parks an event nobody listens to.
+        assert!(events[0].arguments.is_empty());
+        // Consumers bind their own queues: the service binds nothing to it.
+        assert!(
+            bindings(&names, mode).iter().all(|b| b.source != "t.events"
+                && b.destination != Destination::Exchange("t.events".into())),
+            "{mode:?}"
+        );
+    }
 }
 
 #[test]

@@ -26,6 +26,7 @@ use sea_orm::{
 };
 
 use super::entities::{idempotency_keys, inventory, order_events, order_items, orders, outbox};
+use super::events::{DomainEvent, append};
 use crate::domain::{Millis, OrderId, OrderStatus, TimeoutKind};
 use crate::settings::Windows;
 
@@ -42,19 +43,15 @@ use checkout::enqueue;
 use expiry::apply_expiry;
 pub use expiry::{expire, overdue, probe};
 pub use publishing::{
-    CLAIM_LEASE, OutboxState, is_deadlock, outbox_backlog, outbox_claim, outbox_delete,
-    outbox_refused, outbox_release, outbox_set_aside,
+    CLAIM_LEASE, Outbox, OutboxState, Relayed, is_deadlock, outbox_backlog, outbox_claim,
+    outbox_delete, outbox_refused, outbox_release, outbox_set_aside,
 };
 pub use reads::{audit, get_order};
 use reads::{load, order_from};
-use stock::{Stock, lock_orders, lock_stock, move_stock};
+use stock::{Stock, lock_orders, lock_stock, move_stock, order_lines};
 pub use stock::{get_stock, put_stock};
 
-/// Most values one statement binds from a list (ids in an `IN`, SKUs in a
-/// `CASE`, rows of a multi-row `INSERT`). SQLite accepts 32,766 bind
-/// parameters per statement, PostgreSQL and MySQL 65,535; a stock move binds
-/// five per SKU and an audit row seven, so lists are cut well below both.
-pub const LIST_CHUNK: usize = 500;
+pub use super::LIST_CHUNK;
 
 /// One line of a new order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,6 +187,20 @@ impl Cause {
             Self::Sweeper => "sweeper",
         }
     }
+
+    /// Who caused `event`, as its domain event says: `timeout` or `sweeper`,
+    /// and for a client's request the party whose request it is: `shop` for
+    /// shipping (an admin call), `buyer` for everything else (checkout, pay,
+    /// cancel, confirm, a late payment).
+    pub fn party(self, event: &str) -> &'static str {
+        let shipped = crate::domain::edge(crate::domain::Trigger::Action(Action::Ship)).event;
+        match self {
+            Self::Timeout => "timeout",
+            Self::Sweeper => "sweeper",
+            Self::Api if event == shipped => "shop",
+            Self::Api => "buyer",
+        }
+    }
 }
 
 pub use crate::domain::Action;
@@ -306,7 +317,10 @@ fn parse_status(raw: &str) -> Result<OrderStatus, DbErr> {
         .map_err(|e: String| DbErr::Custom(format!("corrupt order row: {e}")))
 }
 
-/// Writes audit rows, in the caller's transaction.
+/// Writes the audit rows of a transition (or a late payment) and appends its
+/// domain events, in the caller's transaction: the events exist exactly when
+/// the change commits. A cancel's events say what stock it released (the
+/// orders' lines, read here, one query per chunk of orders).
 #[allow(clippy::too_many_arguments)]
 async fn record(
     txn: &DatabaseTransaction,
@@ -321,6 +335,16 @@ async fn record(
     if ids.is_empty() {
         return Ok(());
     }
+    let told = DomainEvent {
+        order_id: String::new(),
+        event: event.to_string(),
+        cause: cause.party(event).to_string(),
+        from: from.map(|f| f.as_str().to_string()),
+        to: to.as_str().to_string(),
+        at: now,
+        released: None,
+    };
+    append(txn, &per_order(txn, ids, &told).await?).await?;
     for chunk in ids.chunks(LIST_CHUNK) {
         let rows = chunk.iter().map(|id| order_events::ActiveModel {
             order_id: Set(id.get()),
@@ -337,6 +361,35 @@ async fn record(
             .await?;
     }
     Ok(())
+}
+
+/// The event `told` for each order, with the lines a cancel gives back (read
+/// here, one query per chunk of orders).
+async fn per_order(
+    txn: &DatabaseTransaction,
+    ids: &[OrderId],
+    told: &DomainEvent,
+) -> Result<Vec<DomainEvent>, DbErr> {
+    let (from, to) = (told.from.as_deref(), told.to.as_str());
+    let cancelled = OrderStatus::Cancelled.as_str();
+    let cancel = to == cancelled && from != Some(cancelled);
+    let mut released: HashMap<i64, Vec<(String, i64)>> = HashMap::new();
+    if cancel {
+        for line in order_lines(txn, ids).await? {
+            released
+                .entry(line.order_id)
+                .or_default()
+                .push((line.sku, line.quantity));
+        }
+    }
+    Ok(ids
+        .iter()
+        .map(|id| DomainEvent {
+            order_id: id.to_string(),
+            released: cancel.then(|| released.remove(&id.get()).unwrap_or_default()),
+            ..told.clone()
+        })
+        .collect())
 }
 
 #[cfg(test)]

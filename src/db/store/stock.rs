@@ -141,16 +141,29 @@ async fn quantities(
     txn: &DatabaseTransaction,
     ids: &[OrderId],
 ) -> Result<BTreeMap<String, i64>, DbErr> {
-    let raw: Vec<i64> = ids.iter().map(|i| i.get()).collect();
     let mut per_sku = BTreeMap::new();
-    for chunk in raw.chunks(LIST_CHUNK) {
-        let rows = order_items::Entity::find()
-            .filter(order_items::Column::OrderId.is_in(chunk.iter().copied()))
-            .all(txn)
-            .await?;
-        for row in rows {
-            *per_sku.entry(row.sku).or_insert(0) += row.quantity;
-        }
+    for row in order_lines(txn, ids).await? {
+        *per_sku.entry(row.sku).or_insert(0) += row.quantity;
     }
     Ok(per_sku)
+}
+
+/// The lines of some orders, one query per [`LIST_CHUNK`] of ids.
+pub(super) async fn order_lines(
+    txn: &DatabaseTransaction,
+    ids: &[OrderId],
+) -> Result<Vec<order_items::Model>, DbErr> {
+    let raw: Vec<i64> = ids.iter().map(|i| i.get()).collect();
+    let mut lines = Vec::new();
+    for chunk in raw.chunks(LIST_CHUNK) {
+        lines.extend(
+            order_items::Entity::find()
+                .filter(order_items::Column::OrderId.is_in(chunk.iter().copied()))
+                .order_by_asc(order_items::Column::OrderId)
+                .order_by_asc(order_items::Column::Sku)
+                .all(txn)
+                .await?,
+        );
+    }
+    Ok(lines)
 }

@@ -71,7 +71,7 @@ async fn checkout_reserves_every_line_or_nothing() {
     let skus: Vec<&str> = order.items.iter().map(|i| i.sku.as_str()).collect();
     assert_eq!(skus, ["A", "B"], "items in SKU order");
     assert_eq!(stock(&db, "A").await, (3, 2, 0));
-    let claimed = outbox_claim(&db, 10, now).await.unwrap();
+    let claimed = outbox_claim::<outbox::Entity>(&db, 10, now).await.unwrap();
     assert_eq!(claimed.len(), 1, "one payment timeout in the outbox");
     assert_eq!(claimed[0].kind, "payment");
     assert_eq!(claimed[0].due_at_ms, 1_001_000);
@@ -222,32 +222,250 @@ async fn the_outbox_claims_releases_sets_aside_and_counts_its_rows() {
             .await
             .unwrap();
     }
-    let state = outbox_backlog(&db).await.unwrap();
+    let state = outbox_backlog::<outbox::Entity>(&db).await.unwrap();
     assert_eq!(
         (state.waiting, state.set_aside, state.oldest),
         (3, 0, Some(now))
     );
-    let claimed = outbox_claim(&db, 10, now).await.unwrap();
+    let claimed = outbox_claim::<outbox::Entity>(&db, 10, now).await.unwrap();
     assert_eq!(claimed.len(), 3);
     assert!(
-        outbox_claim(&db, 10, now).await.unwrap().is_empty(),
+        outbox_claim::<outbox::Entity>(&db, 10, now)
+            .await
+            .unwrap()
+            .is_empty(),
         "held by the first claim"
     );
     let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
-    outbox_release(&db, &ids[..1]).await.unwrap();
-    let again = outbox_claim(&db, 10, now).await.unwrap();
-    assert_eq!(again.iter().map(|r| r.id).collect::<Vec<_>>(), ids[..1]);
-    outbox_set_aside(&db, &ids[1..2], "unknown kind", now)
+    outbox_release::<outbox::Entity>(&db, &ids[..1])
         .await
         .unwrap();
-    outbox_delete(&db, &ids[2..]).await.unwrap();
-    let state = outbox_backlog(&db).await.unwrap();
+    let again = outbox_claim::<outbox::Entity>(&db, 10, now).await.unwrap();
+    assert_eq!(again.iter().map(|r| r.id).collect::<Vec<_>>(), ids[..1]);
+    outbox_set_aside::<outbox::Entity>(&db, &ids[1..2], "unknown kind", now)
+        .await
+        .unwrap();
+    outbox_delete::<outbox::Entity>(&db, &ids[2..])
+        .await
+        .unwrap();
+    let state = outbox_backlog::<outbox::Entity>(&db).await.unwrap();
     assert_eq!((state.waiting, state.set_aside), (1, 1));
     let after_lease = now.plus(CLAIM_LEASE).plus(Duration::from_millis(1));
-    let back = outbox_claim(&db, 10, after_lease).await.unwrap();
+    let back = outbox_claim::<outbox::Entity>(&db, 10, after_lease)
+        .await
+        .unwrap();
     assert_eq!(
         back.iter().map(|r| r.id).collect::<Vec<_>>(),
         ids[..1],
         "not the row set aside"
+    );
+}
+
+/// The event outbox's rows, oldest first: `(order_id, event, body)`.
+async fn events(db: &DatabaseConnection) -> Vec<(String, String, serde_json::Value)> {
+    use super::super::entities::order_timeout_events as e;
+    e::Entity::find()
+        .order_by_asc(e::Column::Id)
+        .all(db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.order_id, r.event, serde_json::from_str(&r.body).unwrap()))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_committed_transition_appends_its_event_and_nothing_else_does() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 5, now).await.unwrap();
+    put_stock(&db, "B", 5, now).await.unwrap();
+    let window = Duration::from_secs(1);
+    let kept = checkout(&db, &[line("A", 1)], window, now, None)
+        .await
+        .unwrap();
+    let lapsed = checkout(&db, &[line("B", 1), line("A", 2)], window, now, None)
+        .await
+        .unwrap();
+    // Refused, so rolled back: no event.
+    assert!(
+        checkout(&db, &[line("A", 9)], window, now, None)
+            .await
+            .is_err()
+    );
+    for action in [Action::Pay, Action::Ship, Action::Confirm] {
+        act(&db, kept.id, action, &windows(), now).await.unwrap();
+    }
+    // Refused by the state diagram: no event.
+    assert!(
+        act(&db, kept.id, Action::Cancel, &windows(), now)
+            .await
+            .is_err()
+    );
+    let due = Millis(1_001_000);
+    expire(&db, TimeoutKind::Payment, &[lapsed.id], due, Cause::Timeout)
+        .await
+        .unwrap();
+    // The late payment is told once; its retry is a plain conflict.
+    for _ in 0..2 {
+        assert!(
+            act(&db, lapsed.id, Action::Pay, &windows(), due)
+                .await
+                .is_err()
+        );
+    }
+    let (k, l) = (kept.id.to_string(), lapsed.id.to_string());
+    // One line per event: order, event, cause, from, to.
+    let told: Vec<String> = events(&db)
+        .await
+        .iter()
+        .map(|(id, event, b)| {
+            assert_eq!(b["order_id"], id.as_str());
+            assert_eq!(b["event"], event.as_str());
+            assert_eq!(b["version"], 1);
+            let order = if *id == k {
+                "kept"
+            } else if *id == l {
+                "lapsed"
+            } else {
+                "?"
+            };
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+            let fields = [&b["event"], &b["cause"], &b["from"], &b["to"]].map(text);
+            format!("{order} {}", fields.join(" "))
+        })
+        .collect();
+    assert_eq!(
+        told,
+        [
+            "kept created buyer - pending_payment",
+            "lapsed created buyer - pending_payment",
+            "kept paid buyer pending_payment paid",
+            "kept shipped shop paid shipped",
+            "kept completed buyer shipped completed",
+            "lapsed cancelled timeout pending_payment cancelled",
+            "lapsed late_payment buyer cancelled cancelled",
+        ]
+    );
+    let bodies = events(&db).await;
+    let cancel = &bodies[5].2;
+    assert_eq!(
+        cancel["released"],
+        serde_json::json!([{"sku": "A", "quantity": 2}, {"sku": "B", "quantity": 1}])
+    );
+    assert_eq!(cancel["at"], "1970-01-01T00:16:41.000Z");
+    for (_, event, body) in &bodies {
+        assert_eq!(
+            body.get("released").is_some(),
+            event == "cancelled",
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_batch_of_cancels_tells_each_order_what_it_released() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 2_000, now).await.unwrap();
+    put_stock(&db, "B", 2_000, now).await.unwrap();
+    let mut ids = Vec::new();
+    // More orders than one chunk: the lines are read a chunk at a time.
+    for i in 0..(LIST_CHUNK as i64 + 20) {
+        let items = [line("A", 1 + i % 3), line("B", 1)];
+        let lines = if i % 2 == 0 { &items[..] } else { &items[..1] };
+        let order = checkout(&db, lines, Duration::from_secs(1), now, None)
+            .await
+            .unwrap();
+        ids.push((order.id, 1 + i % 3, i % 2 == 0));
+    }
+    let all: Vec<OrderId> = ids.iter().map(|(id, _, _)| *id).collect();
+    expire(
+        &db,
+        TimeoutKind::Payment,
+        &all,
+        Millis(1_001_000),
+        Cause::Sweeper,
+    )
+    .await
+    .unwrap();
+    let told: HashMap<String, serde_json::Value> = events(&db)
+        .await
+        .into_iter()
+        .filter(|(_, event, _)| event == "cancelled")
+        .map(|(id, _, body)| (id, body))
+        .collect();
+    assert_eq!(told.len(), ids.len());
+    for (id, a, with_b) in ids {
+        let body = &told[&id.to_string()];
+        assert_eq!(body["cause"], "sweeper");
+        let mut expected = vec![serde_json::json!({"sku": "A", "quantity": a})];
+        if with_b {
+            expected.push(serde_json::json!({"sku": "B", "quantity": 1}));
+        }
+        assert_eq!(body["released"], serde_json::Value::Array(expected), "{id}");
+    }
+}
+
+#[tokio::test]
+async fn the_event_outbox_is_claimed_refused_and_set_aside_like_the_timeout_outbox() {
+    use super::super::entities::order_timeout_events as e;
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 10, now).await.unwrap();
+    checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+        .await
+        .unwrap();
+    // Only the event outbox's rows: the timeout outbox keeps its own.
+    let state = outbox_backlog::<e::Entity>(&db).await.unwrap();
+    assert_eq!((state.waiting, state.oldest), (1, Some(now)));
+    let claimed = outbox_claim::<e::Entity>(&db, 10, now).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].event, "created");
+    assert!(uuid::Uuid::parse_str(&claimed[0].message_id).is_ok());
+    let message_id = claimed[0].message_id.clone();
+    assert!(
+        outbox_claim::<e::Entity>(&db, 10, now)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Refused once: it waits (its lease moved on), then comes back as it was.
+    let refused = [(&claimed[0], "nacked".to_string())];
+    assert!(
+        outbox_refused::<e::Entity>(&db, &refused, 2, now)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        outbox_claim::<e::Entity>(&db, 10, now)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let later = now.plus(Duration::from_secs(3));
+    let again = outbox_claim::<e::Entity>(&db, 10, later).await.unwrap();
+    assert_eq!((again[0].attempts, &again[0].message_id), (1, &message_id));
+    // Refused a second time: set aside, kept, counted.
+    let refused = [(&again[0], "nacked".to_string())];
+    let set_aside = outbox_refused::<e::Entity>(&db, &refused, 2, later)
+        .await
+        .unwrap();
+    assert_eq!(set_aside, [again[0].id]);
+    let state = outbox_backlog::<e::Entity>(&db).await.unwrap();
+    assert_eq!((state.waiting, state.set_aside), (0, 1));
+    let far = later.plus(CLAIM_LEASE).plus(Duration::from_secs(120));
+    assert!(
+        outbox_claim::<e::Entity>(&db, 10, far)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    outbox_delete::<e::Entity>(&db, &set_aside).await.unwrap();
+    assert_eq!(outbox_backlog::<e::Entity>(&db).await.unwrap().set_aside, 0);
+    assert_eq!(
+        outbox_backlog::<outbox::Entity>(&db).await.unwrap().waiting,
+        1
     );
 }
