@@ -44,8 +44,10 @@ impl Application {
         let orders = Orders::load(&settings, &db)
             .await
             .context("the orders mapping does not match the database")?;
-        if settings.database.migrate_on_start && orders.is_owned() {
-            db::migrate(&db).await.context("migrating the database")?;
+        if settings.database.migrate_on_start {
+            db::migrate_for(&db, orders.is_owned())
+                .await
+                .context("migrating the database")?;
         }
         let listener = TcpListener::bind(settings.http.bind)
             .await
@@ -87,9 +89,7 @@ impl Application {
             ctx.events.clone(),
             shutdown.clone(),
         ));
-        // A shop's own table has no outbox of ours: its checkout publishes the timeouts.
-        let relay = ctx.settings.relay.enabled && ctx.orders.is_owned();
-        if relay {
+        if ctx.settings.relay.enabled {
             let (c, s) = (ctx.clone(), shutdown.clone());
             tasks.spawn(amqp::supervise(
                 ctx.clone(),
@@ -118,9 +118,7 @@ impl Application {
         if ctx.settings.sweeper.enabled {
             tasks.spawn(sweeper::run(ctx.clone(), shutdown.clone()));
         }
-        if ctx.orders.is_owned() {
-            tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
-        }
+        tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
         if let Some(api) = ctx.settings.amqp.management.clone() {
             tasks.spawn(management::monitor(
                 ctx.clone(),

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::{self, topology::Names, wire};
 use crate::app::Application;
 use crate::domain::{Millis, OrderKey, TimeoutKind};
-use crate::settings::{Settings, SettingsSource, parse_window};
+use crate::settings::{OrdersSource, Settings, SettingsSource, parse_window};
 use crate::{db, doctor, telemetry};
 
 /// Closes e-commerce orders whose deadline passed: RabbitMQ keeps the deadlines, the database decides.
@@ -168,17 +168,19 @@ async fn wait_for_signal() {
 
 async fn migrate(settings: Settings, action: MigrateAction) -> anyhow::Result<ExitCode> {
     let conn = db::connect(&settings.database).await?;
+    // A shop's database gets only the service's own `order_timeout_*` tables.
+    let owned = settings.mapping.source == OrdersSource::Owned;
     match action {
         MigrateAction::Up => {
-            db::migrate(&conn).await?;
+            db::migrate_for(&conn, owned).await?;
             println!("migrations applied");
         }
         MigrateAction::Down => {
-            db::migrate_down_one(&conn).await?;
+            db::migrate_down_one(&conn, owned).await?;
             println!("rolled back the last migration");
         }
         MigrateAction::Status => {
-            let (applied, pending) = db::migration_status(&conn).await?;
+            let (applied, pending) = db::migration_status(&conn, owned).await?;
             for name in applied {
                 println!("applied  {name}");
             }

@@ -73,10 +73,11 @@ async fn check_database(report: &mut Report, settings: &Settings) {
         Err(e) => return report.fail("reachable", format!("{url}: {e}")),
     };
     report.ok("reachable", format!("{url} ({})", db::backend_name(&conn)));
-    if settings.mapping.source == OrdersSource::Mapped {
-        return check_mapping(report, settings, &conn).await;
+    let owned = settings.mapping.source == OrdersSource::Owned;
+    if !owned {
+        check_mapping(report, settings, &conn).await;
     }
-    match db::migration_status(&conn).await {
+    match db::migration_status(&conn, owned).await {
         Ok((applied, pending)) if pending.is_empty() => report.ok(
             "migrations",
             format!("{} applied, none pending", applied.len()),

@@ -47,7 +47,9 @@ pub fn message_id(row: &outbox::Model) -> String {
 /// operators must see.
 pub async fn monitor(ctx: Arc<Context>, shutdown: CancellationToken) {
     loop {
-        report_backlog::<outbox::Entity>(&ctx).await;
+        if ctx.orders.is_owned() {
+            report_backlog::<outbox::Entity>(&ctx).await;
+        }
         report_backlog::<order_timeout_events::Entity>(&ctx).await;
         if !pause(&shutdown, Duration::from_secs(1)).await {
             return;
@@ -83,7 +85,9 @@ pub async fn run(
         // Timeouts first; a table the database refuses waits out its backoff
         // without holding the other one back.
         let mut busy = false;
-        if timeouts.due() {
+        // A shop's own table has no timeout outbox of ours: its checkout
+        // publishes the timeouts; only the events are relayed.
+        if ctx.orders.is_owned() && timeouts.due() {
             match timeout_round(&ctx, &channel, mode, &mut timeouts, &shutdown).await? {
                 Progress::Stopped => return Ok(()),
                 progress => busy |= progress == Progress::Busy,

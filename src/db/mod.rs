@@ -95,6 +95,17 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     migrate_bookkeeping(db).await
 }
 
+/// The migrations a database needs: all of them when the service owns the
+/// orders, only the bookkeeping ones in a shop's database (`orders.source =
+/// mapped`), whose own tables are never touched.
+pub async fn migrate_for(db: &DatabaseConnection, owned: bool) -> Result<(), DbErr> {
+    if owned {
+        migrate(db).await
+    } else {
+        migrate_bookkeeping(db).await
+    }
+}
+
 /// Applies pending migrations of the bookkeeping tables only (the event
 /// outbox and the audit trail, all named `order_timeout_…`, recorded in
 /// their own migration table): what a database needs whose orders are not
@@ -106,21 +117,26 @@ pub async fn migrate_bookkeeping(db: &DatabaseConnection) -> Result<(), DbErr> {
 /// Rolls back the most recent migration: the last bookkeeping one while any
 /// is applied (they were applied after the service's own), else the last of
 /// the service's own.
-pub async fn migrate_down_one(db: &DatabaseConnection) -> Result<(), DbErr> {
-    if Bookkeeping::get_applied_migrations(db).await?.is_empty() {
+pub async fn migrate_down_one(db: &DatabaseConnection, owned: bool) -> Result<(), DbErr> {
+    if owned && Bookkeeping::get_applied_migrations(db).await?.is_empty() {
         Migrator::down(db, Some(1)).await
     } else {
         Bookkeeping::down(db, Some(1)).await
     }
 }
 
-/// `(applied, pending)` migration names, the service's own then the
-/// bookkeeping ones, in the order they apply. Read only: a database that
-/// was never migrated is reported, not changed.
+/// `(applied, pending)` migration names, the service's own (when it owns
+/// the orders) then the bookkeeping ones, in the order they apply. Read
+/// only: a database that was never migrated is reported, not changed.
 pub async fn migration_status(
     db: &DatabaseConnection,
+    owned: bool,
 ) -> Result<(Vec<String>, Vec<String>), DbErr> {
-    let mut all = Migrator::get_migration_with_status_read_only(db).await?;
+    let mut all = if owned {
+        Migrator::get_migration_with_status_read_only(db).await?
+    } else {
+        Vec::new()
+    };
     all.extend(Bookkeeping::get_migration_with_status_read_only(db).await?);
     let (applied, pending): (Vec<_>, Vec<_>) = all
         .iter()

@@ -458,6 +458,7 @@ async fn mall(backend: Backend, mode: DelayMode) {
         text_ids,
     };
     let tables_before = shop.tables().await;
+    let tap = EventTap::open(&app).await;
 
     // 1–6 unpaid; 7–8 paid in time; 9 paid at the deadline (a race); 10 with
     // an early message; 11 with its message twice; 12 with no message at all
@@ -559,6 +560,62 @@ async fn mall(backend: Backend, mode: DelayMode) {
             .await
             >= 1.0
     );
+
+    // Every transition told once, after its commit, with what it released;
+    // nothing for the orders the shop paid.
+    let mut cancelled = vec![1, 2, 3, 4, 5, 6, 10, 11, 12];
+    if !paid_in_race {
+        cancelled.push(9);
+    }
+    let told = tap.collect(cancelled.len() + 1).await;
+    assert_eq!(told.len(), cancelled.len() + 1, "{told:?}");
+    for n in cancelled {
+        let events = &told[&mall.key(n)];
+        assert_eq!(events.len(), 1, "order {n}: {events:?}");
+        let (key, body) = &events[0];
+        assert_eq!(key, "order.cancelled");
+        assert_eq!(
+            (body["from"].as_str(), body["to"].as_str()),
+            (Some("0"), Some("4"))
+        );
+        let cause = body["cause"].as_str().unwrap();
+        if n == 12 {
+            assert_eq!(cause, "sweeper");
+        } else {
+            assert!(cause == "timeout" || cause == "sweeper", "{body}");
+        }
+        let mut released: Vec<(String, i64)> = body["released"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a cancel says what it released: {body}"))
+            .iter()
+            .map(|r| {
+                (
+                    r["sku"].as_str().unwrap().to_string(),
+                    r["quantity"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        released.sort();
+        let mut items: Vec<(String, i64)> = Mall::items(n)
+            .into_iter()
+            .map(|(sku, q)| (sku.to_string(), q as i64))
+            .collect();
+        items.sort();
+        assert_eq!(released, items, "order {n}");
+    }
+    let completed = &told[&mall.key(13)];
+    assert_eq!(completed.len(), 1, "{completed:?}");
+    assert_eq!(completed[0].0, "order.completed");
+    assert_eq!(completed[0].1["cause"], "timeout");
+    assert!(completed[0].1["released"].is_null(), "{completed:?}");
+    // The service's own audit trail, in its own table.
+    let audit = shop
+        .one(
+            &format!("SELECT {} FROM order_timeout_audit", shop.text("COUNT(*)")),
+            vec![],
+        )
+        .await;
+    assert_eq!(audit, told.len().to_string());
 }
 
 mod mall {
@@ -625,6 +682,7 @@ async fn uuid_table(backend: Backend, mode: DelayMode) {
     )
     .await;
     let shop = Shop::open(&app, backend).await;
+    let tap = EventTap::open(&app).await;
     let ids: Vec<String> = (0..5).map(|_| uuid::Uuid::new_v4().to_string()).collect();
     for id in &ids {
         shop.exec(
@@ -753,6 +811,23 @@ async fn uuid_table(backend: Backend, mode: DelayMode) {
     let reasons: Vec<&str> = parked.iter().map(|(r, _, _)| r.as_str()).collect();
     assert_eq!(reasons, vec!["invalid_body"], "{parked:?}");
     assert!(parked[0].1.contains("not a UUID"), "{}", parked[0].1);
+    // Told once each, the id as the table spells it (lower case).
+    let told = tap.collect(5).await;
+    for i in [0, 1, 2, 4] {
+        let events = &told[&ids[i]];
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].0, "order.cancelled");
+        assert_eq!(events[0].1["to"], "cancelled");
+        // Released by the operator's statement, which the mapping cannot itemise.
+        assert_eq!(events[0].1["released"], serde_json::json!([]));
+    }
+    let flagged = &told[&ids[3]];
+    assert_eq!(flagged.len(), 1, "{flagged:?}");
+    assert_eq!(flagged[0].0, "order.fulfillment_overdue");
+    assert_eq!(
+        (flagged[0].1["from"].as_str(), flagged[0].1["to"].as_str()),
+        (Some("paid"), Some("paid"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -949,3 +1024,101 @@ async fn owned_ids_stay_integers(backend: Backend, mode: DelayMode) {
 }
 
 matrix!(owned_ids_stay_integers);
+
+/// A queue of the test's own bound to `<prefix>.events` (`order.#`), as a
+/// shop's notification service would bind one.
+struct EventTap {
+    _conn: lapin::Connection,
+    channel: lapin::Channel,
+    queue: String,
+}
+
+impl EventTap {
+    /// Waits until events for `orders` orders have come, then a moment more
+    /// for any duplicate; each order's events, de-duplicated.
+    async fn collect(&self, orders: usize) -> BTreeMap<String, Vec<(String, serde_json::Value)>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut told: BTreeMap<String, Vec<(String, serde_json::Value)>> = BTreeMap::new();
+        let start = Instant::now();
+        while told.len() < orders {
+            for (order, events) in self.drain(&mut seen).await {
+                told.entry(order).or_default().extend(events);
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "events for {orders} orders expected, got {told:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for (order, events) in self.drain(&mut seen).await {
+            told.entry(order).or_default().extend(events);
+        }
+        told
+    }
+
+    async fn open(app: &TestApp) -> Self {
+        use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+        let conn = app.amqp().await;
+        let channel = conn.create_channel().await.unwrap();
+        let queue = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .unwrap()
+            .name()
+            .to_string();
+        let exchange = format!("{}.events", app.names.entry());
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                "order.#".into(),
+                QueueBindOptions::default(),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        Self {
+            _conn: conn,
+            channel,
+            queue,
+        }
+    }
+
+    /// Every event published since the last call, once per `message_id`
+    /// (`seen` keeps them across calls), by order id: `(routing key, body)`.
+    async fn drain(
+        &self,
+        seen: &mut std::collections::HashSet<String>,
+    ) -> BTreeMap<String, Vec<(String, serde_json::Value)>> {
+        use lapin::options::{BasicAckOptions, BasicGetOptions};
+        let mut by_order: BTreeMap<String, Vec<(String, serde_json::Value)>> = BTreeMap::new();
+        while let Some(msg) = self
+            .channel
+            .basic_get(self.queue.as_str().into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+        {
+            let d = &msg.delivery;
+            let id = d.properties.message_id().as_ref().map(|m| m.to_string());
+            let id = id.expect("every event has a message_id");
+            let body: serde_json::Value = serde_json::from_slice(&d.data).unwrap();
+            if seen.insert(id) {
+                let order = body["order_id"].as_str().unwrap().to_string();
+                by_order
+                    .entry(order)
+                    .or_default()
+                    .push((d.routing_key.to_string(), body));
+            }
+            d.acker.ack(BasicAckOptions::default()).await.unwrap();
+        }
+        by_order
+    }
+}

@@ -12,6 +12,7 @@
 //! The service never creates or alters the shop's tables; what it writes of
 //! its own (audit, events) goes to its `order_timeout_*` tables.
 
+mod record;
 mod schema;
 pub mod sql;
 
@@ -189,10 +190,13 @@ impl Mapped {
                 .await?;
             outcomes.insert(key.clone(), outcome);
         }
-        if kind == TimeoutKind::Payment && !applied.is_empty() {
-            self.release(&txn, &applied).await?;
-        }
-        let _ = cause;
+        let released = if kind == TimeoutKind::Payment && !applied.is_empty() {
+            self.release(&txn, &applied).await?
+        } else {
+            HashMap::new()
+        };
+        self.record(&txn, kind, k, &applied, &released, cause, now)
+            .await?;
         txn.commit().await?;
         Ok(outcomes)
     }
