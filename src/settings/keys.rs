@@ -476,219 +476,119 @@ const ORDERS: &[Key] = &[Key {
     show: |s| s.mapping.source.as_str().to_string(),
 }];
 
+/// A `mapping.*` key naming a table (`qualified`: `schema.name` allowed) or
+/// a column of the shop's.
+macro_rules! ident_key {
+    ($name:literal, $default:literal, $($field:ident).+, $qualified:literal) => {
+        Key {
+            name: $name,
+            default: $default,
+            read: |k, v, s| set(&mut s.mapping.$($field).+, parse_ident(k, v, $qualified)),
+            show: |s| s.mapping.$($field).+.clone(),
+        }
+    };
+}
+
+/// A `mapping.<kind>.*` key holding one of the shop's status values.
+macro_rules! status_key {
+    ($name:literal, $($field:ident).+) => {
+        Key {
+            name: $name,
+            default: "",
+            read: |k, v, s| set(&mut s.mapping.$($field).+, parse_status(k, v)),
+            show: |s| s.mapping.$($field).+.clone(),
+        }
+    };
+}
+
 /// A shop's own table (see `mapping.rs`): empty means unset; checked across
 /// keys, and with `orders.source`, once all are read.
 const MAPPING: &[Key] = &[
-    Key {
-        name: "mapping.table",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.table, parse_ident(k, v, true)),
-        show: |s| s.mapping.table.clone(),
-    },
-    Key {
-        name: "mapping.id_column",
-        default: "id",
-        read: |k, v, s| set(&mut s.mapping.id_column, parse_ident(k, v, false)),
-        show: |s| s.mapping.id_column.clone(),
-    },
-    Key {
-        name: "mapping.status_column",
-        default: "status",
-        read: |k, v, s| set(&mut s.mapping.status_column, parse_ident(k, v, false)),
-        show: |s| s.mapping.status_column.clone(),
-    },
-    Key {
-        name: "mapping.stamp_column",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.stamp_column, parse_ident(k, v, false)),
-        show: |s| s.mapping.stamp_column.clone(),
-    },
-    Key {
-        name: "mapping.payment.from",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.payment.from, parse_status(k, v)),
-        show: |s| s.mapping.payment.from.clone(),
-    },
-    Key {
-        name: "mapping.payment.to",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.payment.to, parse_status(k, v)),
-        show: |s| s.mapping.payment.to.clone(),
-    },
-    Key {
-        name: "mapping.payment.deadline_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.payment.deadline_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.payment.deadline_column.clone(),
-    },
-    Key {
-        name: "mapping.payment.since_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.payment.since_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.payment.since_column.clone(),
-    },
-    Key {
-        name: "mapping.fulfillment.from",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.fulfillment.from, parse_status(k, v)),
-        show: |s| s.mapping.fulfillment.from.clone(),
-    },
-    Key {
-        name: "mapping.fulfillment.to",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.fulfillment.to, parse_status(k, v)),
-        show: |s| s.mapping.fulfillment.to.clone(),
-    },
-    Key {
-        name: "mapping.fulfillment.flag_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.fulfillment.flag_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.fulfillment.flag_column.clone(),
-    },
-    Key {
-        name: "mapping.fulfillment.deadline_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.fulfillment.deadline_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.fulfillment.deadline_column.clone(),
-    },
-    Key {
-        name: "mapping.fulfillment.since_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.fulfillment.since_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.fulfillment.since_column.clone(),
-    },
-    Key {
-        name: "mapping.receipt.from",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.receipt.from, parse_status(k, v)),
-        show: |s| s.mapping.receipt.from.clone(),
-    },
-    Key {
-        name: "mapping.receipt.to",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.receipt.to, parse_status(k, v)),
-        show: |s| s.mapping.receipt.to.clone(),
-    },
-    Key {
-        name: "mapping.receipt.deadline_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.receipt.deadline_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.receipt.deadline_column.clone(),
-    },
-    Key {
-        name: "mapping.receipt.since_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.receipt.since_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.receipt.since_column.clone(),
-    },
-    Key {
-        name: "mapping.stock.items_table",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.stock.items_table, parse_ident(k, v, true)),
-        show: |s| s.mapping.stock.items_table.clone(),
-    },
-    Key {
-        name: "mapping.stock.items_order_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.stock.items_order_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.stock.items_order_column.clone(),
-    },
-    Key {
-        name: "mapping.stock.items_sku_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.stock.items_sku_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.stock.items_sku_column.clone(),
-    },
-    Key {
-        name: "mapping.stock.items_quantity_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.stock.items_quantity_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.stock.items_quantity_column.clone(),
-    },
-    Key {
-        name: "mapping.stock.table",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.stock.table, parse_ident(k, v, true)),
-        show: |s| s.mapping.stock.table.clone(),
-    },
-    Key {
-        name: "mapping.stock.id_column",
-        default: "",
-        read: |k, v, s| set(&mut s.mapping.stock.id_column, parse_ident(k, v, false)),
-        show: |s| s.mapping.stock.id_column.clone(),
-    },
-    Key {
-        name: "mapping.stock.reserved_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.stock.reserved_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.stock.reserved_column.clone(),
-    },
-    Key {
-        name: "mapping.stock.available_column",
-        default: "",
-        read: |k, v, s| {
-            set(
-                &mut s.mapping.stock.available_column,
-                parse_ident(k, v, false),
-            )
-        },
-        show: |s| s.mapping.stock.available_column.clone(),
-    },
+    ident_key!("mapping.table", "", table, true),
+    ident_key!("mapping.id_column", "id", id_column, false),
+    ident_key!("mapping.status_column", "status", status_column, false),
+    ident_key!("mapping.stamp_column", "", stamp_column, false),
+    status_key!("mapping.payment.from", payment.from),
+    status_key!("mapping.payment.to", payment.to),
+    ident_key!(
+        "mapping.payment.deadline_column",
+        "",
+        payment.deadline_column,
+        false
+    ),
+    ident_key!(
+        "mapping.payment.since_column",
+        "",
+        payment.since_column,
+        false
+    ),
+    status_key!("mapping.fulfillment.from", fulfillment.from),
+    status_key!("mapping.fulfillment.to", fulfillment.to),
+    ident_key!(
+        "mapping.fulfillment.flag_column",
+        "",
+        fulfillment.flag_column,
+        false
+    ),
+    ident_key!(
+        "mapping.fulfillment.deadline_column",
+        "",
+        fulfillment.deadline_column,
+        false
+    ),
+    ident_key!(
+        "mapping.fulfillment.since_column",
+        "",
+        fulfillment.since_column,
+        false
+    ),
+    status_key!("mapping.receipt.from", receipt.from),
+    status_key!("mapping.receipt.to", receipt.to),
+    ident_key!(
+        "mapping.receipt.deadline_column",
+        "",
+        receipt.deadline_column,
+        false
+    ),
+    ident_key!(
+        "mapping.receipt.since_column",
+        "",
+        receipt.since_column,
+        false
+    ),
+    ident_key!("mapping.stock.items_table", "", stock.items_table, true),
+    ident_key!(
+        "mapping.stock.items_order_column",
+        "",
+        stock.items_order_column,
+        false
+    ),
+    ident_key!(
+        "mapping.stock.items_sku_column",
+        "",
+        stock.items_sku_column,
+        false
+    ),
+    ident_key!(
+        "mapping.stock.items_quantity_column",
+        "",
+        stock.items_quantity_column,
+        false
+    ),
+    ident_key!("mapping.stock.table", "", stock.table, true),
+    ident_key!("mapping.stock.id_column", "", stock.id_column, false),
+    ident_key!(
+        "mapping.stock.reserved_column",
+        "",
+        stock.reserved_column,
+        false
+    ),
+    ident_key!(
+        "mapping.stock.available_column",
+        "",
+        stock.available_column,
+        false
+    ),
     Key {
         name: "mapping.release_sql",
         default: "",
