@@ -233,6 +233,16 @@ impl Events {
         tracing::warn!(order_id = %id, kind = kind.as_str(), lateness_ms, "sweeper caught an order its timer missed");
     }
 
+    /// A consumer's catch-up applied an order already due, ahead of its own
+    /// message (which will find it done).
+    pub fn caught_up(&self, kind: TimeoutKind, id: &OrderKey, lateness_ms: i64) {
+        self.m
+            .catch_ups
+            .get_or_create(&[("kind", kind.as_str())])
+            .inc();
+        self.timeout_applied(kind, id, lateness_ms, "catch_up");
+    }
+
     /// Outbox rows were published and confirmed.
     pub fn outbox_published(&self, n: u64) {
         self.m.outbox_published.inc_by(n);
