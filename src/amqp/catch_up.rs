@@ -1,7 +1,9 @@
 //! A delivery wakes the consumer; the database decides. A timeout that comes
 //! due says that deadlines are passing: after its batch, the consumer of that
 //! kind applies every order of the kind already due (the sweeper's statement,
-//! with no grace, in bounded pages), not only the ones its deliveries name. A
+//! with no grace, in bounded pages), not only the ones its deliveries name;
+//! and while a catch-up finds orders to apply, the next follows [`EVERY`]
+//! later without waiting for a delivery, until one finds none. A
 //! due burst is then cancelled at the database's speed while its messages are
 //! still leaving the broker; those messages, when they come, find their orders
 //! in a bounded memory of what the catch-up applied and are acked without a
@@ -43,6 +45,9 @@ pub(super) struct CatchUp {
     last: Option<Instant>,
     applied: HashSet<OrderKey>,
     order: VecDeque<(Instant, OrderKey)>,
+    /// Whether the last catch-up applied anything: deadlines are passing
+    /// now, and the next one need not wait for a delivery.
+    found: bool,
     /// Orders the database refused alone (a trigger, a constraint): left to
     /// their own deliveries and the sweeper, so that one of them does not
     /// stop every catch-up.
@@ -57,6 +62,19 @@ impl CatchUp {
             applied: HashSet::new(),
             order: VecDeque::new(),
             refused: HashSet::new(),
+            found: false,
+        }
+    }
+
+    /// Whether the next catch-up should run on its own, [`EVERY`] after the last.
+    pub(super) fn continuing(&self) -> bool {
+        self.found
+    }
+
+    /// Sleeps until the next catch-up may run.
+    pub(super) async fn next_round(&self) {
+        if let Some(last) = self.last {
+            tokio::time::sleep_until(last + EVERY).await;
         }
     }
 
@@ -128,6 +146,7 @@ impl CatchUp {
                 break;
             }
         }
+        self.found = caught > 0;
         caught
     }
 

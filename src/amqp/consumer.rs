@@ -143,6 +143,12 @@ impl KindConsumer {
             let first = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
+                // Deadlines are passing: the last catch-up applied orders, so
+                // the next one follows without waiting for a delivery.
+                _ = self.catch_up.next_round(), if self.catch_up.continuing() => {
+                    self.catch_up.run(&self.ctx).await;
+                    continue;
+                }
                 Some(expired) = self.held.next(), if !self.held.is_empty() => {
                     self.released(expired.into_inner())
                 }
