@@ -43,6 +43,9 @@ impl Events {
             let _ = events.m.events_published.get_or_create(&[("event", event)]);
         }
         let _ = events.m.task_panics.get_or_create(&[("role", "consumer")]);
+        for kind in TimeoutKind::ALL {
+            let _ = events.m.catch_ups.get_or_create(&[("kind", kind.as_str())]);
+        }
         Arc::new(events)
     }
 
