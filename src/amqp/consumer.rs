@@ -27,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
 
-use super::catch_up::CatchUp;
 use super::disposition::{Decided, Disposition, admit, decide};
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
@@ -99,8 +98,6 @@ struct KindConsumer {
     held: DelayQueue<Delivery>,
     /// Keys of the held deliveries by delivery tag, to give them back at shutdown.
     held_keys: HashMap<u64, Key>,
-    /// Every order already due, applied when deliveries say deadlines pass.
-    catch_up: CatchUp,
 }
 
 impl KindConsumer {
@@ -123,7 +120,6 @@ impl KindConsumer {
             tag,
             held: DelayQueue::new(),
             held_keys: HashMap::new(),
-            catch_up: CatchUp::new(kind),
         })
     }
 
@@ -143,12 +139,6 @@ impl KindConsumer {
             let first = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
-                // Deadlines are passing: the last catch-up applied orders, so
-                // the next one follows without waiting for a delivery.
-                _ = self.catch_up.next_round(), if self.catch_up.continuing() => {
-                    self.catch_up.run(&self.ctx).await;
-                    continue;
-                }
                 Some(expired) = self.held.next(), if !self.held.is_empty() => {
                     self.released(expired.into_inner())
                 }
@@ -284,21 +274,12 @@ impl KindConsumer {
         if valid.is_empty() {
             return Ok(());
         }
-        // Orders a catch-up applied need no database round trip.
-        let ids: Vec<OrderKey> = valid
-            .iter()
-            .map(|(_, m)| &m.order_id)
-            .filter(|id| !self.catch_up.applied(id))
-            .cloned()
-            .collect();
+        let ids: Vec<OrderKey> = valid.iter().map(|(_, m)| m.order_id.clone()).collect();
         let Some(decided) = self.expire_isolating(ids, shutdown).await else {
             // Shutting down mid-outage: leave them unacked for redelivery.
             return Ok(());
         };
-        if self.settle(valid, decided).await? && self.ctx.settings.consumer.catch_up {
-            self.catch_up.run(&self.ctx).await;
-        }
-        Ok(())
+        self.settle(valid, decided).await
     }
 
     /// Decides the orders of a batch. While the database is away (or refuses
@@ -379,16 +360,12 @@ impl KindConsumer {
         }
     }
 
-    /// Acks, holds, re-delays or parks each delivery as the database decided.
-    /// Returns whether deadlines are passing (a delivery was applied, or
-    /// found applied by a catch-up): time for the next catch-up.
     async fn settle(
         &mut self,
         valid: Vec<(Delivery, TimeoutMessage)>,
         decided: Decided,
-    ) -> Result<bool, Error> {
+    ) -> Result<(), Error> {
         let hold_max = self.ctx.settings.consumer.hold_max;
-        let mut passing = false;
         let mut seen = HashSet::new();
         // Applied and not-applicable deliveries are acked together at the end.
         let mut settled = Vec::with_capacity(valid.len());
@@ -404,21 +381,16 @@ impl KindConsumer {
                         "the database refused this timeout {ISOLATED_ATTEMPTS} times while it answered the rest: {error}"
                     ),
                 )),
-                (None, None) if self.catch_up.applied(id) => Disposition::NotApplicable {
-                    status: "applied by a catch-up".into(),
-                },
                 (None, None) => decide(ExpiryOutcome::NotFound, Millis::now(), hold_max, true),
             };
             match action {
                 Disposition::Applied { lateness_ms } => {
-                    passing = true;
                     settled.push(delivery.delivery_tag);
                     self.ctx
                         .events
                         .timeout_applied(self.kind, id, lateness_ms, "message");
                 }
                 Disposition::NotApplicable { status } => {
-                    passing |= self.catch_up.applied(id);
                     settled.push(delivery.delivery_tag);
                     self.ctx
                         .events
@@ -449,8 +421,7 @@ impl KindConsumer {
                 }
             }
         }
-        self.ack(settled).await?;
-        Ok(passing)
+        self.ack(settled).await
     }
 
     /// Acks settled deliveries: one `multiple` ack up to the highest tag when no
