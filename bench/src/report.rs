@@ -71,6 +71,10 @@ pub(crate) fn json(ctx: &RunCtx, args: &BenchArgs, m: &Measured) -> Value {
         },
         "fraction_of_ceiling": (fraction * 1000.0).round() / 1000.0,
         "fraction_of_delay_path": (result.burst_cancels_per_s / delay_path.per_s * 1000.0).round() / 1000.0,
+        // Machine CPU (broker, database, service and bench together) per
+        // cancel in the burst and per checkout, from the two profiles below.
+        "cpu_ms_per_cancel": m.limit["machine_cpu_ms_per_cancel"],
+        "cpu_ms_per_checkout": m.checkout_limit["machine_cpu_ms_per_op"],
         "limit": m.limit,
         "checkout_limit": m.checkout_limit,
         "steady_limit": steady_limit,

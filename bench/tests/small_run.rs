@@ -49,6 +49,8 @@ fn small_bench_on_sqlite_writes_valid_json() {
         "fraction_of_ceiling",
         "service_peak_rss_mb",
         "service_cpu_s",
+        "cpu_ms_per_cancel",
+        "cpu_ms_per_checkout",
     ] {
         assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
     }

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
 
+use super::catch_up::CatchUp;
 use super::disposition::{Decided, Disposition, admit, decide};
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
@@ -98,6 +99,8 @@ struct KindConsumer {
     held: DelayQueue<Delivery>,
     /// Keys of the held deliveries by delivery tag, to give them back at shutdown.
     held_keys: HashMap<u64, Key>,
+    /// Every order already due, applied when deliveries say deadlines pass.
+    catch_up: CatchUp,
 }
 
 impl KindConsumer {
@@ -120,6 +123,7 @@ impl KindConsumer {
             tag,
             held: DelayQueue::new(),
             held_keys: HashMap::new(),
+            catch_up: CatchUp::new(kind),
         })
     }
 
@@ -139,6 +143,12 @@ impl KindConsumer {
             let first = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
+                // Deadlines are passing: the last catch-up applied orders, so
+                // the next one follows without waiting for a delivery.
+                _ = self.catch_up.next_round(), if self.catch_up.continuing() => {
+                    self.catch_up.run(&self.ctx).await;
+                    continue;
+                }
                 Some(expired) = self.held.next(), if !self.held.is_empty() => {
                     self.released(expired.into_inner())
                 }
@@ -274,12 +284,21 @@ impl KindConsumer {
         if valid.is_empty() {
             return Ok(());
         }
-        let ids: Vec<OrderKey> = valid.iter().map(|(_, m)| m.order_id.clone()).collect();
+        // Orders a catch-up applied need no database round trip.
+        let ids: Vec<OrderKey> = valid
+            .iter()
+            .map(|(_, m)| &m.order_id)
+            .filter(|id| !self.catch_up.applied(id))
+            .cloned()
+            .collect();
         let Some(decided) = self.expire_isolating(ids, shutdown).await else {
             // Shutting down mid-outage: leave them unacked for redelivery.
             return Ok(());
         };
-        self.settle(valid, decided).await
+        if self.settle(valid, decided).await? && self.ctx.settings.consumer.catch_up {
+            self.catch_up.run(&self.ctx).await;
+        }
+        Ok(())
     }
 
     /// Decides the orders of a batch. While the database is away (or refuses
@@ -360,12 +379,16 @@ impl KindConsumer {
         }
     }
 
+    /// Acks, holds, re-delays or parks each delivery as the database decided.
+    /// Returns whether deadlines are passing (a delivery was applied, or
+    /// found applied by a catch-up): time for the next catch-up.
     async fn settle(
         &mut self,
         valid: Vec<(Delivery, TimeoutMessage)>,
         decided: Decided,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let hold_max = self.ctx.settings.consumer.hold_max;
+        let mut passing = false;
         let mut seen = HashSet::new();
         // Applied and not-applicable deliveries are acked together at the end.
         let mut settled = Vec::with_capacity(valid.len());
@@ -381,16 +404,21 @@ impl KindConsumer {
                         "the database refused this timeout {ISOLATED_ATTEMPTS} times while it answered the rest: {error}"
                     ),
                 )),
+                (None, None) if self.catch_up.applied(id) => Disposition::NotApplicable {
+                    status: "applied by a catch-up".into(),
+                },
                 (None, None) => decide(ExpiryOutcome::NotFound, Millis::now(), hold_max, true),
             };
             match action {
                 Disposition::Applied { lateness_ms } => {
+                    passing = true;
                     settled.push(delivery.delivery_tag);
                     self.ctx
                         .events
                         .timeout_applied(self.kind, id, lateness_ms, "message");
                 }
                 Disposition::NotApplicable { status } => {
+                    passing |= self.catch_up.applied(id);
                     settled.push(delivery.delivery_tag);
                     self.ctx
                         .events
@@ -421,7 +449,8 @@ impl KindConsumer {
                 }
             }
         }
-        self.ack(settled).await
+        self.ack(settled).await?;
+        Ok(passing)
     }
 
     /// Acks settled deliveries: one `multiple` ack up to the highest tag when no

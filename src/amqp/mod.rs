@@ -5,9 +5,11 @@
 //! - [`topology`] (names, declarations, the delay stages) and [`definitions`]
 //!   (the same topology as a definitions file);
 //! - [`wire`]: the message contract; [`publish`]: confirmed publishes and parking;
-//! - one file per actor: [`router`], [`consumer`] (with [`disposition`]), [`relay`];
+//! - one file per actor: [`router`], [`consumer`] (with [`disposition`] and its
+//!   catch-up of orders already due), [`relay`];
 //! - [`management`]: the management HTTP API, for what AMQP cannot tell.
 
+mod catch_up;
 pub mod connection;
 pub mod consumer;
 pub mod definitions;

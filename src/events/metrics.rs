@@ -26,6 +26,7 @@ pub(super) struct Metrics {
     pub(super) redeliveries: Family<Labels1, Counter>,
     pub(super) parked: Family<Labels2, Counter>,
     pub(super) sweeper_catches: Family<Labels1, Counter>,
+    pub(super) catch_ups: Family<Labels1, Counter>,
     pub(super) orders_created: Counter,
     pub(super) checkouts_rejected: Family<Labels1, Counter>,
     pub(super) checkouts_replayed: Counter,
@@ -107,6 +108,12 @@ impl Metrics {
                 &mut registry,
                 "sweeper_catches",
                 "Orders the sweeper handled because no message did (a lost or late timer), by kind",
+                Family::<Labels1, Counter>::default(),
+            ),
+            catch_ups: registered(
+                &mut registry,
+                "catch_ups",
+                "Orders a consumer applied when already due, woken by other deliveries of the kind, ahead of their own message, by kind",
                 Family::<Labels1, Counter>::default(),
             ),
             orders_created: registered(

@@ -43,6 +43,9 @@ impl Events {
             let _ = events.m.events_published.get_or_create(&[("event", event)]);
         }
         let _ = events.m.task_panics.get_or_create(&[("role", "consumer")]);
+        for kind in TimeoutKind::ALL {
+            let _ = events.m.catch_ups.get_or_create(&[("kind", kind.as_str())]);
+        }
         Arc::new(events)
     }
 
@@ -231,6 +234,16 @@ impl Events {
             .inc();
         self.timeout_applied(kind, id, lateness_ms, "sweeper");
         tracing::warn!(order_id = %id, kind = kind.as_str(), lateness_ms, "sweeper caught an order its timer missed");
+    }
+
+    /// A consumer's catch-up applied an order already due, ahead of its own
+    /// message (which will find it done).
+    pub fn caught_up(&self, kind: TimeoutKind, id: &OrderKey, lateness_ms: i64) {
+        self.m
+            .catch_ups
+            .get_or_create(&[("kind", kind.as_str())])
+            .inc();
+        self.timeout_applied(kind, id, lateness_ms, "catch_up");
     }
 
     /// Outbox rows were published and confirmed.

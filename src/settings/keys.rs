@@ -372,6 +372,14 @@ const CONSUMER: &[Key] = &[
         },
         show: |s| time(s.consumer.hold_max),
     },
+    // On: a due burst is applied at the database's pace, not the broker's
+    // (see `amqp::catch_up`); off only to measure without it.
+    Key {
+        name: "consumer.catch_up",
+        default: "true",
+        read: |k, v, s| set(&mut s.consumer.catch_up, parse_bool(k, v)),
+        show: |s| s.consumer.catch_up.to_string(),
+    },
 ];
 
 const RELAY: &[Key] = &[
@@ -643,6 +651,7 @@ impl Settings {
                 batch_size: 0,
                 batch_wait: Duration::ZERO,
                 hold_max: Duration::ZERO,
+                catch_up: false,
             },
             relay: RelaySettings {
                 enabled: false,

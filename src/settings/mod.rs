@@ -224,6 +224,8 @@ pub struct ConsumerSettings {
     pub batch_wait: Duration,
     /// An early message due within this is held in memory; a later one is re-delayed.
     pub hold_max: Duration,
+    /// Whether a due delivery also applies every order of its kind already due.
+    pub catch_up: bool,
 }
 
 /// `relay.*`

@@ -457,6 +457,7 @@ fn another_value(key: &str, ca_file: &str) -> String {
         "consumer.batch_size" => "7",
         "consumer.batch_wait" => "6ms",
         "consumer.hold_max" => "2s",
+        "consumer.catch_up" => "false",
         "relay.enabled" => "false",
         "relay.batch_size" => "7",
         "relay.interval" => "1s",

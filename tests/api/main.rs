@@ -31,6 +31,7 @@ macro_rules! matrix {
 
 // By concern:
 mod auth; // who may call what, tokens never logged
+mod catch_up; // one due delivery applies every order of its kind already due
 mod core; // the core promises, every backend and delay mode
 mod dashboard; // the Grafana dashboard's queries name real metrics
 mod events; // domain events: each committed transition told once, consumer examples

@@ -459,7 +459,10 @@ async fn mall(backend: Backend, mode: DelayMode) {
         .setup(&mall_schema(backend))
         .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
         .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "300ms")
-        .env("ORDER_TIMEOUT__SWEEPER__GRACE", "2s");
+        .env("ORDER_TIMEOUT__SWEEPER__GRACE", "2s")
+        // Each order by its own message, or by the sweeper for the one that has
+        // none: the catch-up would take that one first (`catch_up::*` shows it).
+        .env("ORDER_TIMEOUT__CONSUMER__CATCH_UP", "false");
     let app = spawn_app(mall_mapping(spawn, text_ids)).await;
     let shop = Shop::open(&app, backend).await;
     let mall = Mall {
@@ -1142,4 +1145,44 @@ impl EventTap {
         }
         by_order
     }
+}
+
+/// The catch-up on a shop's table: one due message, and every unpaid mall
+/// order already due is closed with its stock, none early, the sweeper off.
+async fn mapped_catch_up(backend: Backend, mode: DelayMode) {
+    let spawn = Spawn::new(backend, mode).setup(&mall_schema(backend));
+    let app = spawn_app(mall_mapping(spawn, false)).await;
+    let shop = Shop::open(&app, backend).await;
+    let mall = Mall {
+        shop: &shop,
+        text_ids: false,
+    };
+    for n in 1..=10 {
+        mall.checkout(n).await;
+    }
+    // Past every deadline (3 s, whole seconds), then one message only.
+    tokio::time::sleep(Duration::from_millis(4_200)).await;
+    app.publish_timeout(&mall.key(1), "payment", 1).await;
+    for n in 1..=10 {
+        mall.wait_status(n, "4", Duration::from_secs(10)).await;
+    }
+    let stock = mall.stock().await;
+    assert!(
+        stock.values().all(|(s, lock)| *s == 100 && *lock == 0),
+        "{stock:?}"
+    );
+    let caught = app
+        .metric("order_timeout_catch_ups_total", &["kind=\"payment\""])
+        .await;
+    assert_eq!(caught, 9.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mapped_catch_up_mariadb_ttl() {
+    run(Backend::MariaDb, DelayMode::Ttl, mapped_catch_up).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mapped_catch_up_postgres_plugin() {
+    run(Backend::Postgres, DelayMode::Plugin, mapped_catch_up).await
 }

@@ -1,0 +1,212 @@
+//! A delivery wakes the consumer; the database decides. A timeout that comes
+//! due says that deadlines are passing: after its batch, the consumer of that
+//! kind applies every order of the kind already due (the sweeper's statement,
+//! with no grace, in bounded pages), not only the ones its deliveries name;
+//! and while a catch-up finds orders to apply, the next follows [`EVERY`]
+//! later without waiting for a delivery, until one finds none. A
+//! due burst is then cancelled at the database's speed while its messages are
+//! still leaving the broker; those messages, when they come, find their orders
+//! in a bounded memory of what the catch-up applied and are acked without a
+//! database round trip (anything else still goes to the database).
+//!
+//! The transitions are the same conditional ones, with the cause `timeout`;
+//! the log says `by="catch_up"`, `catch_ups_total{kind}` counts them, and the
+//! lateness histogram and `timeouts_handled_total{outcome="applied"}` count
+//! them like the sweeper's (their own messages then count `not_applicable`). Nothing acts early: only orders whose deadline has passed by the
+//! clock the transitions use are taken.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::context::Context;
+use crate::db::store::{Cause, ExpiryOutcome};
+use crate::domain::{Millis, OrderKey, TimeoutKind};
+
+/// Catch-ups run at most this often while deliveries flow: the lateness a
+/// burst's orders can have beyond their own messages' is about this.
+const EVERY: Duration = Duration::from_millis(20);
+
+/// At most this many pages per catch-up, so that deliveries are not kept
+/// waiting behind a very large backlog (the next batch continues it).
+const MAX_PAGES: usize = 4;
+
+/// How long an order applied by a catch-up is remembered: longer than a
+/// message may lag behind its deadline in a loaded broker.
+const REMEMBER: Duration = Duration::from_secs(600);
+
+/// At most this many remembered orders (about 100 bytes each).
+const REMEMBER_MAX: usize = 200_000;
+
+/// The catch-up of one kind's consumer, and what it applied.
+pub(super) struct CatchUp {
+    kind: TimeoutKind,
+    last: Option<Instant>,
+    applied: HashSet<OrderKey>,
+    order: VecDeque<(Instant, OrderKey)>,
+    /// Whether the last catch-up applied anything: deadlines are passing
+    /// now, and the next one need not wait for a delivery.
+    found: bool,
+    /// Orders the database refused alone (a trigger, a constraint): left to
+    /// their own deliveries and the sweeper, so that one of them does not
+    /// stop every catch-up.
+    refused: HashSet<OrderKey>,
+}
+
+impl CatchUp {
+    pub(super) fn new(kind: TimeoutKind) -> Self {
+        Self {
+            kind,
+            last: None,
+            applied: HashSet::new(),
+            order: VecDeque::new(),
+            refused: HashSet::new(),
+            found: false,
+        }
+    }
+
+    /// Whether the next catch-up should run on its own, [`EVERY`] after the last.
+    pub(super) fn continuing(&self) -> bool {
+        self.found
+    }
+
+    /// Sleeps until the next catch-up may run.
+    pub(super) async fn next_round(&self) {
+        if let Some(last) = self.last {
+            tokio::time::sleep_until(last + EVERY).await;
+        }
+    }
+
+    /// Whether a catch-up applied this order (its message changes nothing).
+    pub(super) fn applied(&self, key: &OrderKey) -> bool {
+        self.applied.contains(key)
+    }
+
+    fn remember(&mut self, key: OrderKey, now: Instant) {
+        if self.applied.insert(key.clone()) {
+            self.order.push_back((now, key));
+        }
+        while let Some((at, _)) = self.order.front() {
+            if now.duration_since(*at) < REMEMBER && self.order.len() <= REMEMBER_MAX {
+                break;
+            }
+            if let Some((_, old)) = self.order.pop_front() {
+                self.applied.remove(&old);
+            }
+        }
+    }
+
+    /// Applies every order of the kind already due, unless a catch-up ran
+    /// less than [`EVERY`] ago. Returns how many it applied. A database error
+    /// ends it quietly: the deliveries and the sweeper still cover every
+    /// order, and the consumer's own path reports the database's trouble.
+    pub(super) async fn run(&mut self, ctx: &Context) -> usize {
+        let started = Instant::now();
+        if self
+            .last
+            .is_some_and(|last| started.duration_since(last) < EVERY)
+        {
+            return 0;
+        }
+        self.last = Some(started);
+        let limit = ctx.settings.consumer.batch_size as u64;
+        let mut caught = 0;
+        let mut after = None;
+        let now = Millis::now();
+        for _ in 0..MAX_PAGES {
+            let page = match ctx
+                .orders
+                .overdue(
+                    &ctx.db,
+                    self.kind,
+                    now,
+                    Duration::ZERO,
+                    after.as_ref(),
+                    limit,
+                )
+                .await
+            {
+                Ok(page) if !page.is_empty() => page,
+                _ => break,
+            };
+            let full = page.len() as u64 >= limit;
+            after = page.last().cloned();
+            let keys: Vec<OrderKey> = page
+                .into_iter()
+                .map(|(key, _)| key)
+                .filter(|key| !self.refused.contains(key))
+                .collect();
+            caught += self.apply(ctx, keys, now).await;
+            if caught > 0 {
+                // Committed with their domain events: let the relay publish them.
+                ctx.relay_wakeup.notify_one();
+            }
+            if !full {
+                break;
+            }
+        }
+        self.found = caught > 0;
+        caught
+    }
+
+    /// Applies a page; a page the database refuses is halved down to the
+    /// orders it refuses alone, which later catch-ups pass over.
+    async fn apply(&mut self, ctx: &Context, keys: Vec<OrderKey>, now: Millis) -> usize {
+        let mut caught = 0;
+        let mut parts = vec![keys];
+        while let Some(part) = parts.pop() {
+            if part.is_empty() {
+                continue;
+            }
+            match ctx
+                .orders
+                .expire(&ctx.db, self.kind, &part, now, Cause::Timeout)
+                .await
+            {
+                Ok(outcomes) => {
+                    let done = Instant::now();
+                    for (key, outcome) in outcomes {
+                        if let ExpiryOutcome::Applied { deadline } = outcome {
+                            let lateness = now.signed_since(deadline);
+                            ctx.events.caught_up(self.kind, &key, lateness);
+                            self.remember(key, done);
+                            caught += 1;
+                        }
+                    }
+                }
+                // The database is away: the consumer's own path pauses.
+                Err(_) if ctx.orders.probe(&ctx.db, self.kind).await.is_err() => break,
+                Err(_) if part.len() > 1 => {
+                    let (left, right) = part.split_at(part.len() / 2);
+                    parts.push(right.to_vec());
+                    parts.push(left.to_vec());
+                }
+                Err(_) => {
+                    if self.refused.len() < REMEMBER_MAX {
+                        self.refused.insert(part[0].clone());
+                    }
+                }
+            }
+        }
+        caught
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_a_bounded_recent_past() {
+        let mut c = CatchUp::new(TimeoutKind::Payment);
+        let t0 = Instant::now();
+        let key = |n: u32| OrderKey::parse(&n.to_string()).unwrap();
+        c.remember(key(1), t0);
+        c.remember(key(1), t0);
+        assert!(c.applied(&key(1)) && c.order.len() == 1);
+        c.remember(key(2), t0 + REMEMBER + Duration::from_secs(1));
+        assert!(!c.applied(&key(1)), "forgotten once old");
+        assert!(c.applied(&key(2)));
+    }
+}
