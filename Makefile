@@ -31,7 +31,11 @@ demo: broker
 
 # Plugin-mode tests skip, saying why, on a broker without the delayed-message
 # plugin; with ORDER_TIMEOUT_REQUIRE_PLUGIN set (CI) they fail instead.
-TEST_ENV := ORDER_TIMEOUT_REQUIRE_EXAMPLES=1 ORDER_TIMEOUT_TEST_PYTHON=$(abspath $(PYTHON))
+# A failed test prints the service's warnings and its transitions (captured,
+# shown only for a test that fails): enough to tell a late delivery from a
+# slow database.
+TEST_LOG ?= warn,order_timeout=info
+TEST_ENV := ORDER_TIMEOUT_REQUIRE_EXAMPLES=1 ORDER_TIMEOUT_TEST_PYTHON=$(abspath $(PYTHON)) TEST_LOG=$(TEST_LOG)
 
 test: services examples-deps tools lint
 	$(CARGO) build --release --locked --workspace
