@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// How many orders `--million` schedules (a smaller number for a smoke run).
     #[arg(long, default_value_t = 1_000_000)]
     pub million_orders: usize,
+    /// After `--million` has scheduled every timer, how long to measure the
+    /// idle cost (CPU of the service, broker and database with every timer
+    /// pending and none due), seconds; 0 skips it.
+    #[arg(long, default_value_t = 30)]
+    pub idle_secs: u64,
     /// Where the JSON goes.
     #[arg(long, default_value = "target/bench/latest.json")]
     pub out: PathBuf,

@@ -28,6 +28,7 @@ use lapin::types::FieldTable;
 use crate::cli::BenchArgs;
 use crate::ctx::RunCtx;
 use crate::env::{ProcStats, Resources, proc_stats};
+use crate::profile::{Cpu, Role};
 use crate::report::round1;
 use crate::sql::count;
 use order_timeout::amqp::topology::{LEVELS, Names};
@@ -138,8 +139,13 @@ fn broker_json(s: &BrokerState) -> Value {
 pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow::Result<Value> {
     let m = args.million_orders.max(1);
     let service = res.service.as_ref().context("service")?;
-    let samples = sample_rss(service.pid(), service.ticks());
+    let (pid, ticks) = (service.pid(), service.ticks());
+    let samples = sample_rss(pid, ticks);
     let result = schedule(ctx, res, m).await;
+    let idle = match &result {
+        Ok(_) if args.idle_secs > 0 => Some(idle(pid, ticks, args.idle_secs).await),
+        _ => None,
+    };
     samples.sampler.abort();
     let (schedule_s, insert_s, before, after) = result?;
     let stats = res.service.as_ref().context("service")?.stats()?;
@@ -160,9 +166,64 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
         "broker_before": broker_json(&before),
         "broker_after": broker_json(&after),
         "broker_memory_per_timer_bytes": figures.per_timer_bytes.round(),
+        "idle": idle.as_ref().map(Idle::json),
     });
     figures.print_table();
+    if let Some(idle) = &idle {
+        idle.print(m);
+    }
     Ok(report)
+}
+
+/// The idle cost: with every timer pending and none due, the share of one
+/// core each part used over the measured seconds.
+struct Idle {
+    secs: f64,
+    service: f64,
+    broker: f64,
+    database: f64,
+}
+
+/// Measures the idle cost over `secs` seconds: CPU time of the service, the
+/// broker and the database (all their processes) read from `/proc` before
+/// and after, over the elapsed time.
+async fn idle(pid: u32, ticks: f64, secs: u64) -> Idle {
+    println!("million: measuring the idle cost for {secs} s (every timer pending, none due)");
+    let before = Cpu::read(pid, ticks);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let after = Cpu::read(pid, ticks);
+    let elapsed = started.elapsed().as_secs_f64();
+    let share = |role| (after.seconds(role) - before.seconds(role)) / elapsed;
+    Idle {
+        secs: elapsed,
+        service: share(Role::Service),
+        broker: share(Role::Broker),
+        database: share(Role::Database),
+    }
+}
+
+impl Idle {
+    fn json(&self) -> Value {
+        let pct = |f: f64| (f * 10_000.0).round() / 100.0;
+        json!({
+            "secs": round1(self.secs),
+            "service_core_pct": pct(self.service),
+            "broker_core_pct": pct(self.broker),
+            "database_core_pct": pct(self.database),
+        })
+    }
+
+    fn print(&self, m: usize) {
+        println!(
+            "{:<34} service {:.2} %, broker {:.2} %, database {:.2} % of a core over {:.0} s, {m} pending",
+            "idle cost",
+            self.service * 100.0,
+            self.broker * 100.0,
+            self.database * 100.0,
+            self.secs
+        );
+    }
 }
 
 /// The service's resident set, sampled every second by a task of its own.

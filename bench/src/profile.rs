@@ -59,6 +59,11 @@ pub struct Cpu {
 }
 
 impl Cpu {
+    /// CPU seconds of one role so far.
+    pub fn seconds(&self, role: Role) -> f64 {
+        self.by_role[role as usize]
+    }
+
     /// Reads `/proc` now (Linux). `service` is the pid of the service under test.
     pub fn read(service: u32, ticks: f64) -> Self {
         let mut cpu = Cpu::default();

@@ -18,6 +18,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
+use futures_util::{StreamExt, stream};
 use tokio::time::Instant;
 
 use crate::context::Context;
@@ -31,6 +32,13 @@ const EVERY: Duration = Duration::from_millis(20);
 /// At most this many pages per catch-up, so that deliveries are not kept
 /// waiting behind a very large backlog (the next batch continues it).
 const MAX_PAGES: usize = 4;
+
+/// Orders per page at least (`consumer.batch_size` when larger): a page is
+/// one transaction, and a due burst is applied in as few as it takes.
+const PAGE_AT_LEAST: u64 = 500;
+
+/// Pages applied at once, each in its own transaction (and connection).
+const SIDE_BY_SIDE: usize = 2;
 
 /// How long an order applied by a catch-up is remembered: longer than a
 /// message may lag behind its deadline in a loaded broker.
@@ -101,6 +109,11 @@ impl CatchUp {
     /// less than [`EVERY`] ago. Returns how many it applied. A database error
     /// ends it quietly: the deliveries and the sweeper still cover every
     /// order, and the consumer's own path reports the database's trouble.
+    ///
+    /// The due orders are read page by page (cheap reads through the status
+    /// and deadline index), then [`SIDE_BY_SIDE`] pages are applied at once,
+    /// each in its own transaction: one page's commit no longer waits for the
+    /// other's statements.
     pub(super) async fn run(&mut self, ctx: &Context) -> usize {
         let started = Instant::now();
         if self
@@ -110,21 +123,14 @@ impl CatchUp {
             return 0;
         }
         self.last = Some(started);
-        let limit = ctx.settings.consumer.batch_size as u64;
-        let mut caught = 0;
-        let mut after = None;
+        let limit = (ctx.settings.consumer.batch_size as u64).max(PAGE_AT_LEAST);
         let now = Millis::now();
-        for _ in 0..MAX_PAGES {
+        let mut pages = Vec::new();
+        let mut after = None;
+        while pages.len() < MAX_PAGES {
             let page = match ctx
                 .orders
-                .overdue(
-                    &ctx.db,
-                    self.kind,
-                    now,
-                    Duration::ZERO,
-                    after.as_ref(),
-                    limit,
-                )
+                .overdue(&ctx.db, self.kind, now, Duration::ZERO, after.as_ref(), limit)
                 .await
             {
                 Ok(page) if !page.is_empty() => page,
@@ -137,60 +143,80 @@ impl CatchUp {
                 .map(|(key, _)| key)
                 .filter(|key| !self.refused.contains(key))
                 .collect();
-            caught += self.apply(ctx, keys, now).await;
-            if caught > 0 {
-                // Committed with their domain events: let the relay publish them.
-                ctx.relay_wakeup.notify_one();
-            }
+            pages.push(keys);
             if !full {
                 break;
             }
         }
-        self.found = caught > 0;
-        caught
-    }
-
-    /// Applies a page; a page the database refuses is halved down to the
-    /// orders it refuses alone, which later catch-ups pass over.
-    async fn apply(&mut self, ctx: &Context, keys: Vec<OrderKey>, now: Millis) -> usize {
+        let kind = self.kind;
+        let results: Vec<Page> = stream::iter(pages)
+            .map(|keys| apply(ctx, kind, keys, now))
+            .buffer_unordered(SIDE_BY_SIDE)
+            .collect()
+            .await;
+        let done = Instant::now();
         let mut caught = 0;
-        let mut parts = vec![keys];
-        while let Some(part) = parts.pop() {
-            if part.is_empty() {
-                continue;
+        for page in results {
+            for (key, lateness) in page.applied {
+                ctx.events.caught_up(self.kind, &key, lateness);
+                self.remember(key, done);
+                caught += 1;
             }
-            match ctx
-                .orders
-                .expire(&ctx.db, self.kind, &part, now, Cause::Timeout)
-                .await
-            {
-                Ok(outcomes) => {
-                    let done = Instant::now();
-                    for (key, outcome) in outcomes {
-                        if let ExpiryOutcome::Applied { deadline } = outcome {
-                            let lateness = now.signed_since(deadline);
-                            ctx.events.caught_up(self.kind, &key, lateness);
-                            self.remember(key, done);
-                            caught += 1;
-                        }
-                    }
-                }
-                // The database is away: the consumer's own path pauses.
-                Err(_) if ctx.orders.probe(&ctx.db, self.kind).await.is_err() => break,
-                Err(_) if part.len() > 1 => {
-                    let (left, right) = part.split_at(part.len() / 2);
-                    parts.push(right.to_vec());
-                    parts.push(left.to_vec());
-                }
-                Err(_) => {
-                    if self.refused.len() < REMEMBER_MAX {
-                        self.refused.insert(part[0].clone());
-                    }
+            for key in page.refused {
+                if self.refused.len() < REMEMBER_MAX {
+                    self.refused.insert(key);
                 }
             }
         }
+        if caught > 0 {
+            // Committed with their domain events: let the relay publish them.
+            ctx.relay_wakeup.notify_one();
+        }
+        self.found = caught > 0;
         caught
     }
+}
+
+/// What applying one page did: the orders it applied, with their lateness,
+/// and those the database refused alone.
+#[derive(Default)]
+struct Page {
+    applied: Vec<(OrderKey, i64)>,
+    refused: Vec<OrderKey>,
+}
+
+/// Applies a page; a page the database refuses is halved down to the orders
+/// it refuses alone, which later catch-ups pass over.
+async fn apply(ctx: &Context, kind: TimeoutKind, keys: Vec<OrderKey>, now: Millis) -> Page {
+    let mut page = Page::default();
+    let mut parts = vec![keys];
+    while let Some(part) = parts.pop() {
+        if part.is_empty() {
+            continue;
+        }
+        match ctx
+            .orders
+            .expire(&ctx.db, kind, &part, now, Cause::Timeout)
+            .await
+        {
+            Ok(outcomes) => {
+                for (key, outcome) in outcomes {
+                    if let ExpiryOutcome::Applied { deadline } = outcome {
+                        page.applied.push((key, now.signed_since(deadline)));
+                    }
+                }
+            }
+            // The database is away: the consumer's own path pauses.
+            Err(_) if ctx.orders.probe(&ctx.db, kind).await.is_err() => break,
+            Err(_) if part.len() > 1 => {
+                let (left, right) = part.split_at(part.len() / 2);
+                parts.push(right.to_vec());
+                parts.push(left.to_vec());
+            }
+            Err(_) => page.refused.push(part[0].clone()),
+        }
+    }
+    page
 }
 
 #[cfg(test)]

@@ -95,11 +95,14 @@ pub(super) async fn apply_expiry(
         applied.extend(apply_chunk(txn, &update, kind, chunk).await?);
     }
     let changed: Vec<OrderId> = applied.iter().map(|(id, _)| *id).collect();
-    if kind == TimeoutKind::Payment {
-        move_stock(txn, &changed, Stock::Reserved, Stock::Available, now).await?;
-    }
     let from = Some(kind.acts_on());
-    record(txn, &changed, event, from, to, cause, now, None).await?;
+    // A cancel's lines are read once, for its events and its stock release;
+    // the stock rows, which every concurrent batch also wants, are locked
+    // last, so that they are held for the shortest time.
+    let lines = record(txn, &changed, event, from, to, cause, now, None).await?;
+    if kind == TimeoutKind::Payment {
+        move_lines(txn, &lines, Stock::Reserved, Stock::Available, now).await?;
+    }
     Ok(applied)
 }
 

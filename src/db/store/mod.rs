@@ -48,7 +48,7 @@ pub use publishing::{
 };
 pub use reads::{audit, get_order};
 use reads::{load, order_from};
-use stock::{Stock, lock_orders, lock_stock, move_stock, order_lines};
+use stock::{Stock, lock_orders, lock_stock, move_lines, move_stock, order_lines};
 pub use stock::{get_stock, put_stock};
 
 pub use super::LIST_CHUNK;
@@ -320,7 +320,8 @@ fn parse_status(raw: &str) -> Result<OrderStatus, DbErr> {
 /// Writes the audit rows of a transition (or a late payment) and appends its
 /// domain events, in the caller's transaction: the events exist exactly when
 /// the change commits. A cancel's events say what stock it released (the
-/// orders' lines, read here, one query per chunk of orders).
+/// orders' lines, read here, one query per chunk of orders); those lines are
+/// returned, for the caller's stock move (empty for anything but a cancel).
 #[allow(clippy::too_many_arguments)]
 async fn record(
     txn: &DatabaseTransaction,
@@ -331,9 +332,9 @@ async fn record(
     cause: Cause,
     now: Millis,
     detail: Option<&str>,
-) -> Result<(), DbErr> {
+) -> Result<Vec<order_items::Model>, DbErr> {
     if ids.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let told = DomainEvent {
         order_id: String::new(),
@@ -344,7 +345,8 @@ async fn record(
         at: now,
         released: None,
     };
-    append(txn, &per_order(txn, ids, &told).await?).await?;
+    let (events, lines) = per_order(txn, ids, &told).await?;
+    append(txn, &events).await?;
     for chunk in ids.chunks(LIST_CHUNK) {
         let rows = chunk.iter().map(|id| order_events::ActiveModel {
             order_id: Set(id.get()),
@@ -360,36 +362,40 @@ async fn record(
             .exec_without_returning(txn)
             .await?;
     }
-    Ok(())
+    Ok(lines)
 }
 
 /// The event `told` for each order, with the lines a cancel gives back (read
-/// here, one query per chunk of orders).
+/// here, one query per chunk of orders, and returned).
 async fn per_order(
     txn: &DatabaseTransaction,
     ids: &[OrderId],
     told: &DomainEvent,
-) -> Result<Vec<DomainEvent>, DbErr> {
+) -> Result<(Vec<DomainEvent>, Vec<order_items::Model>), DbErr> {
     let (from, to) = (told.from.as_deref(), told.to.as_str());
     let cancelled = OrderStatus::Cancelled.as_str();
     let cancel = to == cancelled && from != Some(cancelled);
+    let lines = if cancel {
+        order_lines(txn, ids).await?
+    } else {
+        Vec::new()
+    };
     let mut released: HashMap<i64, Vec<(String, i64)>> = HashMap::new();
-    if cancel {
-        for line in order_lines(txn, ids).await? {
-            released
-                .entry(line.order_id)
-                .or_default()
-                .push((line.sku, line.quantity));
-        }
+    for line in &lines {
+        released
+            .entry(line.order_id)
+            .or_default()
+            .push((line.sku.clone(), line.quantity));
     }
-    Ok(ids
+    let events = ids
         .iter()
         .map(|id| DomainEvent {
             order_id: id.to_string(),
             released: cancel.then(|| released.remove(&id.get()).unwrap_or_default()),
             ..told.clone()
         })
-        .collect())
+        .collect();
+    Ok((events, lines))
 }
 
 #[cfg(test)]

@@ -72,13 +72,29 @@ pub(super) async fn move_stock(
     to: Stock,
     now: Millis,
 ) -> Result<(), DbErr> {
-    let per_sku: Vec<(String, i64)> = quantities(txn, ids).await?.into_iter().collect();
+    move_lines(txn, &order_lines(txn, ids).await?, from, to, now).await
+}
+
+/// [`move_stock`] for lines already read (a cancel reads them once, for its
+/// events and its stock move).
+pub(super) async fn move_lines(
+    txn: &DatabaseTransaction,
+    lines: &[order_items::Model],
+    from: Stock,
+    to: Stock,
+    now: Millis,
+) -> Result<(), DbErr> {
+    let mut per_sku: BTreeMap<&str, i64> = BTreeMap::new();
+    for line in lines {
+        *per_sku.entry(line.sku.as_str()).or_insert(0) += line.quantity;
+    }
+    let per_sku: Vec<(&str, i64)> = per_sku.into_iter().collect();
     for chunk in per_sku.chunks(LIST_CHUNK) {
-        let skus: Vec<&str> = chunk.iter().map(|(sku, _)| sku.as_str()).collect();
+        let skus: Vec<&str> = chunk.iter().map(|(sku, _)| *sku).collect();
         lock_stock(txn, &skus).await?;
         let mut quantity = CaseStatement::new();
         for (sku, q) in chunk {
-            quantity = quantity.case(inventory::Column::Sku.eq(sku.as_str()), *q);
+            quantity = quantity.case(inventory::Column::Sku.eq(*sku), *q);
         }
         let quantity: Expr = quantity.finally(0).into();
         inventory::Entity::update_many()
@@ -133,19 +149,6 @@ pub(super) async fn lock_orders(txn: &DatabaseTransaction, ids: &[i64]) -> Resul
         .all(txn)
         .await?;
     Ok(())
-}
-
-/// Quantities per SKU over some orders, in SKU order (the lock order of every
-/// stock update, so concurrent transactions cannot deadlock on inventory rows).
-async fn quantities(
-    txn: &DatabaseTransaction,
-    ids: &[OrderId],
-) -> Result<BTreeMap<String, i64>, DbErr> {
-    let mut per_sku = BTreeMap::new();
-    for row in order_lines(txn, ids).await? {
-        *per_sku.entry(row.sku).or_insert(0) += row.quantity;
-    }
-    Ok(per_sku)
 }
 
 /// The lines of some orders, one query per [`LIST_CHUNK`] of ids.
