@@ -284,6 +284,13 @@ impl KindConsumer {
         if valid.is_empty() {
             return Ok(());
         }
+        // While catch-ups are applying a due burst, the next one (at most
+        // `catch_up::EVERY` away) most likely applies these orders too: wait
+        // for it rather than race it for the same rows.
+        if self.catch_up.continuing() {
+            self.catch_up.next_round().await;
+            self.catch_up.run(&self.ctx).await;
+        }
         // Orders a catch-up applied need no database round trip.
         let ids: Vec<OrderKey> = valid
             .iter()
