@@ -130,7 +130,14 @@ impl CatchUp {
         while pages.len() < MAX_PAGES {
             let page = match ctx
                 .orders
-                .overdue(&ctx.db, self.kind, now, Duration::ZERO, after.as_ref(), limit)
+                .overdue(
+                    &ctx.db,
+                    self.kind,
+                    now,
+                    Duration::ZERO,
+                    after.as_ref(),
+                    limit,
+                )
                 .await
             {
                 Ok(page) if !page.is_empty() => page,
