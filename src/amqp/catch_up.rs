@@ -7,13 +7,19 @@
 //! due burst is then cancelled at the database's speed while its messages are
 //! still leaving the broker; those messages, when they come, find their orders
 //! in a bounded memory of what the catch-up applied and are acked without a
-//! database round trip (anything else still goes to the database).
+//! database round trip (anything else still goes to the database). While
+//! catch-ups are finding orders, a batch of deliveries first waits for the
+//! next one (at most [`EVERY`]), so that the two do not race for the same
+//! rows. A round reads up to [`MAX_PAGES`] pages through the status and
+//! deadline index and applies [`SIDE_BY_SIDE`] of them at once, each in its
+//! own transaction.
 //!
 //! The transitions are the same conditional ones, with the cause `timeout`;
 //! the log says `by="catch_up"`, `catch_ups_total{kind}` counts them, and the
 //! lateness histogram and `timeouts_handled_total{outcome="applied"}` count
-//! them like the sweeper's (their own messages then count `not_applicable`). Nothing acts early: only orders whose deadline has passed by the
-//! clock the transitions use are taken.
+//! them like the sweeper's (their own messages then count `not_applicable`).
+//! Nothing acts early: only orders whose deadline has passed by the clock the
+//! transitions use are taken.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
