@@ -20,7 +20,7 @@ PYTHON := $(VENV)/bin/python
 # database pools, and timing-bound tests then fail for want of CPU.
 TEST_THREADS ?= 8
 
-.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million chaos demo
+.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo
 
 run: broker
 	$(CARGO) run --release -- serve
@@ -115,6 +115,10 @@ bench:
 
 bench-million:
 	$(CARGO) build --release --workspace && ./target/release/order-timeout-bench --million $(BENCH_ARGS)
+
+# What PostgreSQL alone allows for checkout's statements (pgbench, no service).
+bench-checkout-ceiling: databases
+	$(CARGO) build --release && bash bench/checkout-ceiling.sh
 
 clean:
 	$(CARGO) clean
