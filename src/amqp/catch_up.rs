@@ -92,6 +92,12 @@ impl CatchUp {
         }
     }
 
+    /// Waits for the next catch-up (at most [`EVERY`]), then runs it.
+    pub(super) async fn run_next(&mut self, ctx: &Context) -> usize {
+        self.next_round().await;
+        self.run(ctx).await
+    }
+
     /// Whether a catch-up applied this order (its message changes nothing).
     pub(super) fn applied(&self, key: &OrderKey) -> bool {
         self.applied.contains(key)

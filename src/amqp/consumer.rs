@@ -288,8 +288,7 @@ impl KindConsumer {
         // `catch_up::EVERY` away) most likely applies these orders too: wait
         // for it rather than race it for the same rows.
         if self.catch_up.continuing() {
-            self.catch_up.next_round().await;
-            self.catch_up.run(&self.ctx).await;
+            self.catch_up.run_next(&self.ctx).await;
         }
         // Orders a catch-up applied need no database round trip.
         let ids: Vec<OrderKey> = valid

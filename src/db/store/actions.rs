@@ -73,7 +73,9 @@ fn conditional_update(
     }
 }
 
-/// The action won: its stock move, its timeout in the outbox, its audit row.
+/// The action won: its timeout in the outbox, its audit row, its stock move.
+/// As for a timeout's cancel, the stock rows are locked last, and a cancel's
+/// lines are read once (by `record`, for its event) for both.
 async fn applied(
     txn: DatabaseTransaction,
     id: OrderId,
@@ -82,16 +84,16 @@ async fn applied(
     now: Millis,
 ) -> Result<Order, TransitionError> {
     let (from, to) = action.edge();
-    match action {
-        Action::Pay => move_stock(&txn, &[id], Stock::Reserved, Stock::Sold, now).await?,
-        Action::Cancel => move_stock(&txn, &[id], Stock::Reserved, Stock::Available, now).await?,
-        Action::Ship | Action::Confirm => {}
-    }
     if let Some((kind, deadline)) = timeout {
         enqueue(&txn, id, kind, deadline, now).await?;
     }
     let event = crate::domain::edge(crate::domain::Trigger::Action(action)).event;
-    record(&txn, &[id], event, Some(from), to, Cause::Api, now, None).await?;
+    let lines = record(&txn, &[id], event, Some(from), to, Cause::Api, now, None).await?;
+    match action {
+        Action::Pay => move_stock(&txn, &[id], Stock::Reserved, Stock::Sold, now).await?,
+        Action::Cancel => move_lines(&txn, &lines, Stock::Reserved, Stock::Available, now).await?,
+        Action::Ship | Action::Confirm => {}
+    }
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
     txn.commit().await?;
     Ok(order)
