@@ -3,8 +3,8 @@
 //! delay mode once resolved. The subsystems (`amqp`, `http`, `sweeper`) take an
 //! `Arc<Context>`; `app` builds it and starts them.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use sea_orm::DatabaseConnection;
 use tokio::sync::{Notify, OnceCell};
@@ -48,6 +48,9 @@ pub struct Health {
     relay: AtomicBool,
     router: AtomicBool,
     consumer: AtomicBool,
+    /// Per broker role (in [`Role::ALL`]'s order), the node (`host:port` of
+    /// `amqp.url`) its connection is on, while it is up.
+    nodes: Mutex<[Option<String>; 3]>,
 }
 
 impl Health {
@@ -65,6 +68,18 @@ impl Health {
     /// `(role, connected)` for every broker role.
     pub fn broker(&self) -> [(Role, bool); 3] {
         Role::ALL.map(|role| (role, self.flag(role).load(Ordering::Relaxed)))
+    }
+    /// Records the node a broker role's connection is on (`None`: none).
+    pub fn set_node(&self, role: Role, node: Option<String>) {
+        let i = Role::ALL.iter().position(|r| *r == role).unwrap_or(0);
+        if let Ok(mut nodes) = self.nodes.lock() {
+            nodes[i] = node;
+        }
+    }
+    /// `(role, node)` for every broker role.
+    pub fn nodes(&self) -> [(Role, Option<String>); 3] {
+        let nodes = self.nodes.lock().map(|n| n.clone()).unwrap_or_default();
+        std::array::from_fn(|i| (Role::ALL[i], nodes[i].clone()))
     }
 }
 

@@ -16,7 +16,7 @@ use crate::db::entities::order_timeout_events;
 use crate::db::store;
 use crate::domain::TimeoutKind;
 use crate::orders::Mapped;
-use crate::settings::{DelayMode, OrdersSource, Settings};
+use crate::settings::{DelayMode, OrdersSource, Settings, redact_url};
 use sea_orm::DatabaseConnection;
 
 struct Report {
@@ -143,19 +143,29 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
 /// The broker answers; whether it has the plugin; the delay mode that
 /// follows, chosen as `serve` chooses it ([`amqp::choose_mode`]).
 async fn check_broker(report: &mut Report, settings: &Settings, names: &Names) -> Option<Mode> {
-    match amqp::connect(&settings.amqp, "doctor").await {
-        Err(e) => {
-            report.fail(
-                "reachable",
-                format!("{}: {e}", settings.amqp.url.redacted()),
-            );
-            return None;
-        }
-        Ok(conn) => {
-            report.ok("reachable", settings.amqp.url.redacted());
-            let _ = conn.close(200, "doctor".into()).await;
+    // Every address of amqp.url (the nodes of a cluster): one is enough to
+    // run, each one down is worth knowing.
+    let addresses = settings.amqp.addresses();
+    let mut reachable = 0;
+    for address in &addresses {
+        let shown = redact_url(address);
+        match amqp::connect_to_address(&settings.amqp, "doctor", address).await {
+            Err(e) if addresses.len() == 1 => report.fail("reachable", format!("{shown}: {e}")),
+            Err(e) => report.warn("reachable", format!("{shown}: {e}")),
+            Ok(conn) => {
+                reachable += 1;
+                report.ok("reachable", shown);
+                let _ = conn.close(200, "doctor".into()).await;
+            }
         }
     }
+    if reachable == 0 {
+        if addresses.len() > 1 {
+            report.fail("reachable", "no address of amqp.url answers");
+        }
+        return None;
+    }
+    service_connections(report, settings).await;
     // The probe gets its own connection: a missing exchange type closes it.
     let plugin = match amqp::connect(&settings.amqp, "doctor-probe").await {
         Ok(probe_conn) => {
@@ -421,6 +431,40 @@ async fn check_stages(report: &mut Report, settings: &Settings, names: &Names, m
         None => report.ok("plugin stage", "not declared in this vhost"),
     }
     warn_about_stages(report, settings, names, mode, ttl, plugin);
+}
+
+/// Which node each connection of the service's running instances is on, as
+/// the management API sees them (connections are named `order-timeout
+/// <instance> <role>`).
+async fn service_connections(report: &mut Report, settings: &Settings) {
+    let Some(api) = &settings.amqp.management else {
+        return;
+    };
+    match Management::new(api.clone()).connections().await {
+        Ok(connections) => {
+            let ours: Vec<String> = connections
+                .into_iter()
+                .filter(|(name, _)| {
+                    name.starts_with("order-timeout ")
+                        && !name
+                            .rsplit(' ')
+                            .next()
+                            .is_some_and(|r| r.starts_with("doctor"))
+                })
+                .map(|(name, node)| format!("{name} on {node}"))
+                .collect();
+            if ours.is_empty() {
+                report.ok(
+                    "connections",
+                    "no instance of the service is connected to this vhost",
+                );
+            }
+            for line in ours {
+                report.ok("connections", line);
+            }
+        }
+        Err(e) => report.note("connections", format!("not listed: {e}")),
+    }
 }
 
 /// The timers in the plugin's stage, which keeps them in no queue: only the

@@ -19,36 +19,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use order_timeout_harness::{Management, Process, Serve};
-use sea_orm::{ConnectionTrait, Database};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::Mutex;
+
+mod ledger;
+
+use ledger::{
+    Placed, SKUS, admin, checkout, ends, env_or, outbox_rows, put_stock, settle, stock_check,
+    write_section,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
 const MANAGEMENT: &str = "http://127.0.0.1:15672/api";
-const POSTGRES_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-const SKUS: [&str; 5] = ["C1", "C2", "C3", "C4", "C5"];
-const STOCK: i64 = 1_000_000;
 /// The two instances' names, by index.
 const NAMES: [&str; 2] = ["chaos-a", "chaos-b"];
-
-fn env_or(key: &str, default: u64) -> u64 {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The local broker's management API, as guest.
 fn broker_api() -> Management {
     Management::new(MANAGEMENT, Duration::from_secs(10)).expect("management API URL")
-}
-
-async fn admin(sql: &str) {
-    let db = Database::connect(POSTGRES_ADMIN).await.expect("PostgreSQL");
-    db.execute_unprepared(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    db.close().await.ok();
 }
 
 fn rabbitmqctl(args: &[&str]) {
@@ -91,13 +79,6 @@ impl World {
 /// The two `serve` instances; a slot is empty while its instance is killed.
 type Instances = Arc<Mutex<Vec<Option<Process>>>>;
 
-#[derive(Debug, Clone)]
-struct Placed {
-    id: String,
-    items: Vec<(String, i64)>,
-    paid: bool,
-}
-
 #[derive(Default)]
 struct Counters {
     checkouts_refused: AtomicUsize,
@@ -116,7 +97,7 @@ async fn chaos_ledger() {
         Arc::new(Mutex::new(vec![Some(world.start(0)), Some(world.start(1))]));
     wait_ready(&instances, 0).await;
     wait_ready(&instances, 1).await;
-    put_stock(&world).await;
+    put_stock(&world.client, &world.base(0)).await;
     println!(
         "chaos: {duration:?} of {rate} orders/s on vhost {}, database {}",
         world.vhost, world.db_name
@@ -130,7 +111,14 @@ async fn chaos_ledger() {
     println!("chaos: {} orders placed; settling", placed.len());
 
     wait_ready(&instances, 0).await;
-    let orders = settle(&world, &placed).await;
+    // Longest window 8 s, sweeper grace 10 s, interval 5 s.
+    let orders = settle(
+        &world.client,
+        &world.base(0),
+        &placed,
+        Duration::from_secs(90),
+    )
+    .await;
     let ledger = ledger(&world, &placed, &orders, &counters).await;
     report(&ledger, &faults, started_at, duration, rate).await;
     teardown(&world, &instances).await;
@@ -202,19 +190,6 @@ async fn wait_ready(instances: &Instances, i: usize) {
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
-async fn put_stock(world: &World) {
-    for sku in SKUS {
-        let resp = world
-            .client
-            .put(format!("{}/inventory/{sku}", world.base(0)))
-            .json(&json!({"available": STOCK}))
-            .send()
-            .await
-            .unwrap();
-        assert!(resp.status().is_success());
-    }
-}
-
 /// Orders at `rate` a second until `deadline`, through both instances in
 /// turn: windows of 2 to 8 s, about a third paid inside their window.
 async fn load(
@@ -264,30 +239,6 @@ async fn load(
         let _ = t.await;
     }
     placed.lock().await.clone()
-}
-
-/// Places one order; `None` when the service refused it or did not answer.
-async fn checkout(
-    client: &reqwest::Client,
-    base: &str,
-    items: &[(String, i64)],
-    window_ms: u64,
-) -> Option<String> {
-    let body = json!({
-        "items": items.iter().map(|(s, q)| json!({"sku": s, "quantity": q})).collect::<Vec<_>>(),
-        "payment_window": format!("{window_ms}ms"),
-    });
-    let resp = client
-        .post(format!("{base}/orders"))
-        .json(&body)
-        .send()
-        .await
-        .ok()?;
-    if resp.status() != 201 {
-        return None;
-    }
-    let order: Value = resp.json().await.unwrap();
-    Some(order["id"].as_str().unwrap().to_string())
 }
 
 /// Faults, one after another, for as long as orders come in; returns what
@@ -361,44 +312,6 @@ async fn kill_instance(world: &World, instances: &Instances, victim: usize) -> S
     format!("SIGKILLed serve instance {victim} and restarted it 2 s later")
 }
 
-/// Reads every order until none is pending (longest window 8 s, sweeper
-/// grace 10 s, interval 5 s), or 90 s have passed.
-async fn settle(world: &World, placed: &[Placed]) -> HashMap<String, Value> {
-    let base = world.base(0);
-    let settle_until = Instant::now() + Duration::from_secs(90);
-    let mut orders: HashMap<String, Value> = HashMap::new();
-    loop {
-        let mut pending = 0;
-        for p in placed {
-            if orders
-                .get(&p.id)
-                .is_some_and(|o| o["status"] != "pending_payment")
-            {
-                continue;
-            }
-            let Ok(resp) = world
-                .client
-                .get(format!("{base}/orders/{}?include=audit", p.id))
-                .send()
-                .await
-            else {
-                continue;
-            };
-            let order: Value = resp.json().await.unwrap_or(Value::Null);
-            if order["status"] == "pending_payment" || order.is_null() {
-                pending += 1;
-            }
-            orders.insert(p.id.clone(), order);
-        }
-        if pending == 0 || Instant::now() > settle_until {
-            break;
-        }
-        // Polling: a round every 2 s until nothing is pending.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    orders
-}
-
 /// Every figure of the run, and what the verdict reads.
 struct Ledger {
     placed: usize,
@@ -446,89 +359,6 @@ impl Ledger {
     }
 }
 
-/// Tallies of the orders' ends against what the test did to them.
-#[derive(Default)]
-struct Ends {
-    lost: usize,
-    early: usize,
-    paid_then_cancelled: usize,
-    double_release: usize,
-    cancelled: usize,
-    paid: usize,
-    sold_expected: HashMap<String, i64>,
-}
-
-fn ends(placed: &[Placed], orders: &HashMap<String, Value>) -> Ends {
-    let mut ends = Ends::default();
-    for p in placed {
-        let o = &orders[&p.id];
-        let status = o["status"].as_str().unwrap_or("missing");
-        let cancels = o["audit"]
-            .as_array()
-            .map(|a| a.iter().filter(|e| e["event"] == "cancelled").count())
-            .unwrap_or(0);
-        if cancels > 1 {
-            ends.double_release += 1;
-        }
-        match status {
-            "cancelled" => {
-                ends.cancelled += 1;
-                if p.paid {
-                    ends.paid_then_cancelled += 1;
-                }
-                let at = chrono::DateTime::parse_from_rfc3339(o["cancelled_at"].as_str().unwrap())
-                    .unwrap();
-                let due = chrono::DateTime::parse_from_rfc3339(o["pay_deadline"].as_str().unwrap())
-                    .unwrap();
-                if at < due {
-                    ends.early += 1;
-                }
-            }
-            "paid" => {
-                ends.paid += 1;
-                for (sku, q) in &p.items {
-                    *ends.sold_expected.entry(sku.clone()).or_default() += q;
-                }
-            }
-            _ => ends.lost += 1,
-        }
-    }
-    ends
-}
-
-/// Per SKU: available + reserved + sold is what was stocked, nothing is
-/// reserved, and sold matches the paid orders. Returns the verdict and a
-/// table row per SKU.
-async fn stock_check(world: &World, sold_expected: &HashMap<String, i64>) -> (bool, Vec<String>) {
-    let mut stock_ok = true;
-    let mut stock_lines = Vec::new();
-    for sku in SKUS {
-        let s: Value = world
-            .client
-            .get(format!("{}/inventory/{sku}", world.base(0)))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let (a, r, so) = (
-            s["available"].as_i64().unwrap(),
-            s["reserved"].as_i64().unwrap(),
-            s["sold"].as_i64().unwrap(),
-        );
-        let ok =
-            a + r + so == STOCK && r == 0 && so == sold_expected.get(sku).copied().unwrap_or(0);
-        stock_ok &= ok;
-        stock_lines.push(format!(
-            "| {sku} | {a} | {r} | {so} | {} | {} |",
-            a + r + so,
-            if ok { "yes" } else { "**NO**" }
-        ));
-    }
-    (stock_ok, stock_lines)
-}
-
 /// Timeouts each instance's relay published since its last start (both run
 /// their relay: each publishes the rows it claimed).
 async fn published_by_each(world: &World) -> Vec<u64> {
@@ -553,31 +383,6 @@ async fn published_by_each(world: &World) -> Vec<u64> {
     published
 }
 
-/// Outbox rows left unpublished, and rows set aside.
-async fn outbox_rows(db_name: &str) -> (i64, i64) {
-    let db = Database::connect(format!("postgres://postgres@127.0.0.1:5432/{db_name}"))
-        .await
-        .unwrap();
-    let count = |sql: &'static str| {
-        let db = db.clone();
-        async move {
-            let row = db
-                .query_one_raw(sea_orm::Statement::from_string(
-                    sea_orm::DbBackend::Postgres,
-                    sql,
-                ))
-                .await
-                .unwrap()
-                .unwrap();
-            row.try_get_by_index::<i64>(0).unwrap()
-        }
-    };
-    let left = count("SELECT COUNT(*) FROM outbox WHERE set_aside_at_ms IS NULL").await;
-    let aside = count("SELECT COUNT(*) FROM outbox WHERE set_aside_at_ms IS NOT NULL").await;
-    db.close().await.ok();
-    (left, aside)
-}
-
 /// The ledger: the orders' ends, the stock, the parked queue, the relays and
 /// the outbox.
 async fn ledger(
@@ -587,7 +392,8 @@ async fn ledger(
     counters: &Counters,
 ) -> Ledger {
     let ends = ends(placed, orders);
-    let (stock_ok, stock_lines) = stock_check(world, &ends.sold_expected).await;
+    let (stock_ok, stock_lines) =
+        stock_check(&world.client, &world.base(0), &ends.sold_expected).await;
     let parked_count = broker_api()
         .get_opt(&format!("/queues/{}/order.timeouts.parked", world.vhost))
         .await
@@ -650,7 +456,7 @@ async fn ledger(
     }
 }
 
-/// Prints the figures and writes `docs/RELIABILITY.md`.
+/// Prints the figures and writes its section of `docs/RELIABILITY.md`.
 async fn report(
     ledger: &Ledger,
     faults: &[String],
@@ -668,14 +474,14 @@ async fn report(
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "?".to_string());
     let report = format!(
-        "# Reliability: the chaos ledger\n\n\
+        "## The chaos ledger\n\n\
          Produced by `make chaos` (`cargo test --release --test chaos -- --ignored --nocapture`), \
          {started}, on the 2-core machine with RabbitMQ {rabbit}, PostgreSQL and two `serve` \
          instances, both running their relay (claiming disjoint outbox rows), TTL mode, \
          sweeper interval 5 s and grace 10 s. {secs} s of orders at about \
          {rate}/s, windows of 2 to 8 s, every third order paid a third of the way into its window.\n\n\
-         ## Faults injected\n\n{faults}\n\n## Ledger\n\n| figure | value |\n|---|---|\n{rows}\n\n\
-         ## Stock per SKU\n\n| sku | available | reserved | sold | total | conserved and matching paid orders |\n\
+         ### Faults injected\n\n{faults}\n\n### Ledger\n\n| figure | value |\n|---|---|\n{rows}\n\n\
+         ### Stock per SKU\n\n| sku | available | reserved | sold | total | conserved and matching paid orders |\n\
          |---|---|---|---|---|---|\n{stock}\n\n\
          A payment without a certain answer (the request failed during a fault) may or may not \
          have committed; the ledger accepts either end for those orders, and the stock check \
@@ -695,11 +501,7 @@ async fn report(
             .join("\n"),
         stock = ledger.stock_lines.join("\n"),
     );
-    std::fs::write(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/docs/RELIABILITY.md"),
-        report,
-    )
-    .unwrap();
+    write_section("chaos", &report);
 }
 
 /// Stops the instances and removes the vhost and the database.

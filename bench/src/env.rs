@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use order_timeout_harness::delayed::{self, Timers};
 use order_timeout_harness::{Process, Serve};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
 use serde_json::Value;
@@ -315,47 +316,20 @@ impl Resources {
     }
 }
 
-/// Removes the delayed-message plugin's timers of the run's exchanges. The
-/// plugin keeps them in a table of the node, not in the vhost: deleting the
-/// vhost leaves them there until they come due (a day or two for
-/// `--million`), and a node holding a million of them spends half a core and
-/// gigabytes of memory on them. Through `rabbitmqctl eval` on the local node;
-/// where that is not possible, says what is left behind.
+/// Removes the delayed-message plugin's timers of the run's exchanges: the
+/// plugin keeps them on the node, and deleting the vhost leaves them there
+/// until they come due (a day or two for `--million`). Through `rabbitmqctl
+/// eval` on the local node; where that is not possible, says what is left
+/// behind.
 fn forget_delayed(vhost: &str) {
-    if !vhost
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return;
-    }
-    // Entries are #delay_entry{delay_key = #delay_key{timestamp, exchange}}
-    // in a bag, indexed by #delay_index{delay_key} in an ordered set; the
-    // exchange's name is a #resource{virtual_host, …}. (No match spec: the
-    // CLI turns the atom '$1' into ''.)
-    let erl = format!(
-        "T = list_to_atom(\"rabbit_delayed_message\" ++ atom_to_list(node())), \
-         I = list_to_atom(atom_to_list(T) ++ \"_index\"), \
-         case lists:member(I, mnesia:system_info(tables)) of \
-           false -> 0; \
-           true -> \
-             ets:foldl(fun({{delay_index, K, _}}, N) -> \
-                 case element(2, element(2, element(3, K))) =:= <<\"{vhost}\">> of \
-                   true -> mnesia:dirty_delete(T, K), mnesia:dirty_delete(I, K), N + 1; \
-                   false -> N \
-                 end end, 0, I) \
-         end."
-    );
-    match Command::new("rabbitmqctl").args(["eval", &erl]).output() {
-        Ok(out) if out.status.success() => {
-            let n = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if n != "0" {
-                println!(
-                    "cleanup: removed {n} delayed-message timers of {vhost} from the plugin's table"
-                );
-            }
-        }
-        _ => eprintln!(
-            "cleanup: could not remove the plugin's delayed timers of {vhost} (rabbitmqctl eval on the broker's node): \
+    let ctl = ["rabbitmqctl".to_string()];
+    match delayed::forget(&ctl, Timers::OfVhost(vhost)) {
+        Ok(0) => {}
+        Ok(n) => println!(
+            "cleanup: removed {n} delayed-message timers of {vhost} from the plugin's table"
+        ),
+        Err(e) => eprintln!(
+            "cleanup: could not remove the plugin's delayed timers of {vhost} ({e}): \
              any left stay in the broker's memory until they come due"
         ),
     }

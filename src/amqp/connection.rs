@@ -2,6 +2,7 @@
 //! and the shutdown-aware pause of every retry; the channels of a consuming
 //! role.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::options::{BasicQosOptions, ConfirmSelectOptions};
@@ -13,6 +14,59 @@ use crate::settings::AmqpSettings;
 /// Opens a connection whose name shows in the management UI as
 /// `order-timeout <instance> <role>`, so operators (and tests) can tell ours apart.
 pub async fn connect(settings: &AmqpSettings, role: &str) -> Result<Connection, lapin::Error> {
+    connect_to_any(settings, role).await.map(|(conn, _)| conn)
+}
+
+/// Where a connection went: the address of `amqp.url` it was opened to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// `host:port`, no credentials: safe to show.
+    pub address: String,
+}
+
+/// The next address a connection starts from: each connect of this process
+/// starts one further along `amqp.url`, so that the roles of an instance
+/// spread over a cluster's nodes, and a reconnect after a node is lost goes
+/// to the next one first.
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// [`connect`], saying which node it reached. With several addresses (a
+/// cluster), each is tried in turn from the next one along, until one
+/// accepts; the error is the last address's.
+pub async fn connect_to_any(
+    settings: &AmqpSettings,
+    role: &str,
+) -> Result<(Connection, Node), lapin::Error> {
+    let addresses = settings.addresses();
+    let first = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut last = None;
+    for n in 0..addresses.len() {
+        let address = addresses[(first + n) % addresses.len()];
+        match connect_to_address(settings, role, address).await {
+            Ok(conn) => return Ok((conn, node(address))),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or(lapin::Error::from(
+        lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
+    )))
+}
+
+/// The `host:port` of an address of `amqp.url` (already validated).
+fn node(address: &str) -> Node {
+    let address = match address.parse::<lapin::uri::AMQPUri>() {
+        Ok(uri) => format!("{}:{}", uri.authority.host, uri.authority.port),
+        Err(_) => "?".to_string(),
+    };
+    Node { address }
+}
+
+/// A connection to one address of `amqp.url` (`doctor` checks each).
+pub async fn connect_to_address(
+    settings: &AmqpSettings,
+    role: &str,
+    address: &str,
+) -> Result<Connection, lapin::Error> {
     let name = connection_name(settings, role);
     let properties = ConnectionProperties::default().with_connection_name(name.into());
     // For amqps:// URLs: the system's roots, plus the configured CA file if any.
@@ -20,13 +74,8 @@ pub async fn connect(settings: &AmqpSettings, role: &str) -> Result<Connection, 
         identity: None,
         cert_chain: settings.tls_ca_pem.clone(),
     };
-    Connection::connect_with_config(
-        settings.url.expose(),
-        properties,
-        tls,
-        lapin::runtime::default_runtime()?,
-    )
-    .await
+    Connection::connect_with_config(address, properties, tls, lapin::runtime::default_runtime()?)
+        .await
 }
 
 /// The client-provided name of a connection of this instance.

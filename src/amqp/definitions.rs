@@ -11,6 +11,8 @@
 //!
 //! `rabbitmq/definitions.ttl.json` and `rabbitmq/definitions.plugin.json` are this
 //! function's output for the default prefix; a unit test keeps them equal.
+//! `rabbitmq/definitions.access.json` ([`access`]) gives the service and its
+//! publishers users of their own with the least rights each needs.
 //! Regenerate with `ORDER_TIMEOUT_WRITE_DEFINITIONS=1 cargo test --lib definitions`.
 
 use serde_json::{Map, Value, json};
@@ -95,6 +97,66 @@ pub fn file_name(mode: Mode) -> String {
     format!("rabbitmq/definitions.{}.json", mode.as_str())
 }
 
+/// The service's user name in [`access`].
+pub const SERVICE_USER: &str = "order-timeout";
+/// The publishers' user name in [`access`].
+pub const PUBLISHER_USER: &str = "order-timeout-publisher";
+
+/// `name` as a regular expression that matches it alone.
+fn literal(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_string()
+            } else {
+                format!("\\{c}")
+            }
+        })
+        .collect()
+}
+
+/// Least privilege on the broker, as definitions to import (`POST
+/// /api/definitions`, or `rabbitmqctl import_definitions`) into `vhost`:
+/// - the service's user, whose configure, write and read permissions cover
+///   the prefix's names only (`<prefix>` and `<prefix>.*`: the probe of the
+///   delay mode and the events exchange included), tagged `management` so it
+///   can read its own vhost's counts through the management API;
+/// - the publishers' user, which can write to the entry exchange and nothing
+///   else: no queue to read, nothing to declare, no other exchange.
+///
+/// Neither has a password (`password_hash` empty): set one after the import
+/// (`rabbitmqctl change_password`), so that no password is ever in a file.
+pub fn access(names: &Names, vhost: &str) -> Value {
+    let entry = literal(names.entry());
+    let ours = format!("^{entry}(\\..*)?$");
+    let user = |name: &str, tags: &[&str]| {
+        json!({
+            "name": name,
+            "password_hash": "",
+            "hashing_algorithm": "rabbit_password_hashing_sha256",
+            "tags": tags,
+            "limits": {},
+        })
+    };
+    json!({
+        "users": [user(SERVICE_USER, &["management"]), user(PUBLISHER_USER, &[])],
+        "permissions": [
+            {"user": SERVICE_USER, "vhost": vhost, "configure": ours, "write": ours, "read": ours},
+            {"user": PUBLISHER_USER, "vhost": vhost, "configure": "^$", "write": format!("^{entry}$"), "read": "^$"},
+        ],
+    })
+}
+
+/// The committed access file (default prefix, vhost `/`).
+pub const ACCESS_FILE: &str = "rabbitmq/definitions.access.json";
+
+/// The text of the access file: pretty-printed JSON and a trailing newline.
+pub fn render_access(names: &Names, vhost: &str) -> String {
+    let mut text = serde_json::to_string_pretty(&access(names, vhost)).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +182,40 @@ mod tests {
                 path.display()
             );
         }
+    }
+
+    #[test]
+    fn committed_access_matches_the_code() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(ACCESS_FILE);
+        let expected = render_access(&Names::new("order.timeouts"), "/");
+        if std::env::var_os("ORDER_TIMEOUT_WRITE_DEFINITIONS").is_some() {
+            std::fs::write(&path, &expected).unwrap();
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == expected,
+            "{} differs from the code; regenerate it with \
+             ORDER_TIMEOUT_WRITE_DEFINITIONS=1 cargo test --lib definitions",
+            path.display()
+        );
+    }
+
+    #[test]
+    fn access_covers_the_prefix_and_nothing_else() {
+        let a = access(&Names::new("shop.t-1"), "v");
+        let service = &a["permissions"][0];
+        assert_eq!(service["configure"], "^shop\\.t\\-1(\\..*)?$");
+        assert_eq!(service["read"], service["write"]);
+        let publisher = &a["permissions"][1];
+        assert_eq!(
+            (
+                publisher["configure"].as_str(),
+                publisher["write"].as_str(),
+                publisher["read"].as_str()
+            ),
+            (Some("^$"), Some("^shop\\.t\\-1$"), Some("^$"))
+        );
+        assert_eq!(a["users"][0]["password_hash"], "");
     }
 
     #[test]

@@ -107,6 +107,33 @@ impl Management {
         }
     }
 
+    /// The connections to the vhost: `(client-provided name, node)` each.
+    pub async fn connections(&self) -> Result<Vec<(String, String)>, Error> {
+        let path = format!(
+            "vhosts/{}/connections?columns=name,node,client_properties",
+            segment(&self.api.vhost)
+        );
+        let body = self.get(&path).await?.unwrap_or_default();
+        let mut out: Vec<(String, String)> = body
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|c| {
+                let name = c["client_properties"]["connection_name"]
+                    .as_str()
+                    .or_else(|| c["name"].as_str())
+                    .unwrap_or("?");
+                (
+                    name.to_string(),
+                    c["node"].as_str().unwrap_or("?").to_string(),
+                )
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
     /// Timers waiting in each delay stage of `names` that exists in the vhost.
     pub async fn stages(&self, names: &Names) -> Result<Stages, Error> {
         let path = format!("queues/{}?columns=name,messages", segment(&self.api.vhost));

@@ -23,7 +23,9 @@ pub mod supervise;
 pub mod topology;
 pub mod wire;
 
-pub use connection::{Backoff, channels, connect, connection_name, pause};
+pub use connection::{
+    Backoff, Node, channels, connect, connect_to_address, connect_to_any, connection_name, pause,
+};
 pub use mode::{choose_mode, delay_mode, resolve_mode};
 pub use publish::{confirmed, park_delivery, publish_confirmed, publish_options};
 pub use supervise::{DECLARER, supervise};

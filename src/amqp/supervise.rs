@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
-use super::connection::{Backoff, connect, connection_name, pause};
+use super::connection::{Backoff, connect_to_any, connection_name, pause};
 use super::mode::delay_mode;
 use super::topology::{self, Mode};
 use crate::context::{Context, Role};
@@ -35,7 +35,7 @@ pub async fn supervise<F, Fut>(
     while !shutdown.is_cancelled() {
         let attempt = async {
             let mode = delay_mode(&ctx).await?;
-            let conn = connect(&ctx.settings.amqp, role.as_str()).await?;
+            let (conn, node) = connect_to_any(&ctx.settings.amqp, role.as_str()).await?;
             if role == DECLARER {
                 let earlier =
                     topology::declare(&conn, &ctx.names, mode, ctx.settings.amqp.queue_type)
@@ -48,22 +48,25 @@ pub async fn supervise<F, Fut>(
                 // Declared once per (re)connect by the router, not by every role.
                 ctx.wait_topology().await;
             }
-            Ok::<_, lapin::Error>((Arc::new(conn), mode))
+            Ok::<_, lapin::Error>((Arc::new(conn), mode, node))
         };
         let connected = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = attempt => r,
         };
         let error = match connected {
-            Ok((conn, mode)) => {
+            Ok((conn, mode, node)) => {
                 ctx.events.broker_connected(
                     role.as_str(),
                     &connection_name(&ctx.settings.amqp, role.as_str()),
+                    &node.address,
                 );
+                ctx.health.set_node(role, Some(node.address));
                 ctx.health.set_broker(role, true);
                 let started = Instant::now();
                 let result = work(conn.clone(), mode).await;
                 ctx.health.set_broker(role, false);
+                ctx.health.set_node(role, None);
                 let _ = conn.close(200, "bye".into()).await;
                 if started.elapsed() > Duration::from_secs(30) {
                     backoff.reset();

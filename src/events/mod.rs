@@ -413,12 +413,12 @@ impl Events {
     }
 
     /// A broker connection is up.
-    pub fn broker_connected(&self, role: &'static str, name: &str) {
+    pub fn broker_connected(&self, role: &'static str, name: &str, node: &str) {
         self.m
             .broker_connects
             .get_or_create(&[("role", role)])
             .inc();
-        tracing::info!(role, connection = name, "connected to the broker");
+        tracing::info!(role, connection = name, node, "connected to the broker");
     }
 
     /// A broker connection was lost or could not be made.

@@ -41,6 +41,8 @@ pub(super) async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
             "ok": broker_ok,
             "mode": ctx.resolved_mode().map(|m| m.as_str()),
             "connections": broker.iter().map(|(role, up)| (role.as_str().to_string(), json!(up))).collect::<serde_json::Map<_, _>>(),
+            // The node (`host:port` of `amqp.url`) each connection is on.
+            "nodes": ctx.health.nodes().iter().map(|(role, node)| (role.as_str().to_string(), json!(node))).collect::<serde_json::Map<_, _>>(),
         },
     });
     let status = if ready {

@@ -9,10 +9,47 @@ use super::*;
 pub(super) const ENCODE_HINT: &str =
     "percent-encode reserved characters (: / ? # [ ] @ %) in the user name and password";
 
-/// `amqp.url`, checked with the parser the AMQP client itself uses, so that
-/// no URL reaches the client that it would refuse with an error quoting it
-/// whole (password included) on every reconnect.
+/// `amqp.url`: one broker URL, or several separated by commas (the nodes of
+/// a cluster, tried in turn: see `amqp::connect`), each checked with the parser
+/// the AMQP client itself uses, so that no URL reaches the client that it
+/// would refuse with an error quoting it whole (password included) on every
+/// reconnect. The addresses must name the same vhost: they are one broker.
 pub(super) fn parse_amqp_url(key: &str, value: &str) -> Result<String, SettingsError> {
+    let addresses: Vec<&str> = value.split(',').map(str::trim).collect();
+    let mut vhost = None;
+    for (n, address) in addresses.iter().enumerate() {
+        if address.is_empty() {
+            return Err(invalid(
+                key,
+                format!(
+                    "address {} of {} is empty (addresses are separated by commas;                      a comma in a password is written %2C)",
+                    n + 1,
+                    addresses.len()
+                ),
+            ));
+        }
+        let uri = parse_one_amqp_url(key, address)?;
+        match &vhost {
+            None => vhost = Some(uri.vhost),
+            Some(first) if *first != uri.vhost => {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "'{}' names vhost '{}' but the first address names '{first}': \
+                         the addresses are the nodes of one broker",
+                        redact_url(address),
+                        uri.vhost
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(addresses.join(","))
+}
+
+/// One address of `amqp.url`.
+fn parse_one_amqp_url(key: &str, value: &str) -> Result<lapin::uri::AMQPUri, SettingsError> {
     let redacted = redact_url(value);
     let url = url::Url::parse(value).map_err(|e| {
         invalid(
@@ -27,15 +64,18 @@ pub(super) fn parse_amqp_url(key: &str, value: &str) -> Result<String, SettingsE
         ));
     }
     // The client's own error text quotes the URL: say what is wrong without it.
-    if url.cannot_be_a_base() || value.parse::<lapin::uri::AMQPUri>().is_err() {
-        return Err(invalid(
+    let not_amqp = || {
+        invalid(
             key,
             format!(
                 "'{redacted}' is not an AMQP URL (amqp://user:password@host:port/vhost); {ENCODE_HINT}"
             ),
-        ));
+        )
+    };
+    if url.cannot_be_a_base() {
+        return Err(not_amqp());
     }
-    Ok(value.to_string())
+    value.parse::<lapin::uri::AMQPUri>().map_err(|_| not_amqp())
 }
 
 /// `database.url`: `sqlite:…`, `postgres://…` or `mysql://…`, with a host. The
@@ -82,21 +122,26 @@ pub(super) fn parse_database_url(key: &str, value: &str) -> Result<String, Setti
 /// line of defence behind the checks above, for errors quoting what they got.
 pub fn scrub_url(text: &str, raw_url: &str) -> String {
     let mut out = text.replace(raw_url, &redact_url(raw_url));
-    if let Ok(url) = url::Url::parse(raw_url)
-        && let Some(password) = url.password().filter(|p| !p.is_empty())
-    {
-        let decoded = percent_encoding::percent_decode_str(password).decode_utf8_lossy();
-        out = out
-            .replace(password, "***")
-            .replace(decoded.as_ref(), "***");
+    // Each address of a list (`amqp.url` for a cluster), and the whole.
+    for one in raw_url.split(',').map(str::trim).chain([raw_url]) {
+        out = out.replace(one, &redact_url(one));
+        if let Ok(url) = url::Url::parse(one)
+            && let Some(password) = url.password().filter(|p| !p.is_empty())
+        {
+            let decoded = percent_encoding::percent_decode_str(password).decode_utf8_lossy();
+            out = out
+                .replace(password, "***")
+                .replace(decoded.as_ref(), "***");
+        }
     }
     out
 }
 
 /// `amqp.management_url`: `off`; empty for the broker's host over http on
 /// 15672; or an `http://` URL. Credentials not in the URL are those of
-/// `amqp.url`, and so is the vhost. (No https: the service's HTTP client is
-/// built without TLS; with an `amqps://` broker and no URL it is off.)
+/// `amqp.url` (its first address), and so is the vhost. (No https: the
+/// service's HTTP client is built without TLS; with an `amqps://` broker and
+/// no URL it is off.)
 pub(super) fn parse_management(
     key: &str,
     value: &str,
@@ -106,6 +151,7 @@ pub(super) fn parse_management(
         return Ok(None);
     }
     // amqp.url was validated first; its parts fill what this URL leaves out.
+    let amqp_url = amqp_url.split(',').next().unwrap_or_default();
     let amqp: lapin::uri::AMQPUri = amqp_url
         .parse()
         .map_err(|e| invalid("amqp.url", format!("'{}' ({e})", redact_url(amqp_url))))?;

@@ -134,7 +134,8 @@ pub struct DatabaseSettings {
 /// `amqp.*`
 #[derive(Debug, Clone)]
 pub struct AmqpSettings {
-    /// Broker URL, `amqp://` or `amqps://`.
+    /// Broker URL, `amqp://` or `amqps://`; several, separated by commas,
+    /// for the nodes of a cluster ([`AmqpSettings::addresses`]).
     pub url: Secret,
     /// The entry exchange's name; every other name is `<prefix>.<role>`.
     pub prefix: String,
@@ -155,6 +156,14 @@ pub struct AmqpSettings {
     /// The broker's management HTTP API (`amqp.management_url`), for what AMQP
     /// cannot tell: how many timers wait in the plugin's exchange. `None`: off.
     pub management: Option<ManagementApi>,
+}
+
+impl AmqpSettings {
+    /// The broker's addresses, in the order `amqp.url` gives them (secret:
+    /// for a connect call; [`redact_url`] any that is shown).
+    pub fn addresses(&self) -> Vec<&str> {
+        self.url.expose().split(',').collect()
+    }
 }
 
 /// Where the broker's management HTTP API answers, and as whom.

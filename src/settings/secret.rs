@@ -62,7 +62,27 @@ impl fmt::Display for Secret {
 
 /// Replaces the password of a URL (and any `password=` query value) with `***`.
 /// Text that is not a URL is returned whole only when it cannot hold a password.
+/// A list of URLs separated by commas (`amqp.url` for a cluster) is redacted
+/// address by address; text with commas that is not such a list (a comma in a
+/// password or a query) is redacted as one URL.
 pub fn redact_url(raw: &str) -> String {
+    if raw.contains(',') {
+        let parts: Vec<&str> = raw.split(',').map(str::trim).collect();
+        if parts
+            .iter()
+            .all(|p| url::Url::parse(p).is_ok_and(|u| !u.cannot_be_a_base()))
+        {
+            return parts
+                .iter()
+                .map(|p| redact_one_url(p))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+    }
+    redact_one_url(raw)
+}
+
+fn redact_one_url(raw: &str) -> String {
     match url::Url::parse(raw) {
         // `user:pass@host` parses as scheme `user` with an opaque path: hide it all.
         Ok(url) if url.cannot_be_a_base() && raw.contains('@') => "***".to_string(),

@@ -191,6 +191,61 @@ fn urls_that_libraries_would_quote_whole_stop_here_redacted() {
 }
 
 #[test]
+fn a_cluster_is_several_addresses_of_one_vhost_each_redacted() {
+    let list = "amqp://svc:hunter2@mq-1:5672/shop, amqp://svc:hunter3@mq-2:5673/shop,amqp://svc:hunter%2C4@mq-3/shop";
+    let s = load(&[("ORDER_TIMEOUT__AMQP__URL", list)]).unwrap();
+    assert_eq!(
+        s.amqp.addresses(),
+        [
+            "amqp://svc:hunter2@mq-1:5672/shop",
+            "amqp://svc:hunter3@mq-2:5673/shop",
+            "amqp://svc:hunter%2C4@mq-3/shop"
+        ]
+    );
+    // Every password hidden, every node shown; management on the first node.
+    let shown = format!("{:?} {}", s.describe(), s.amqp.url);
+    for secret in ["hunter2", "hunter3", "hunter%2C4", "hunter,4"] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    for node in ["mq-1:5672", "mq-2:5673", "mq-3"] {
+        assert!(shown.contains(node), "{shown}");
+    }
+    let api = s.amqp.management.unwrap();
+    assert_eq!(
+        (api.base.as_str(), api.vhost.as_str()),
+        ("http://mq-1:15672", "shop")
+    );
+    let scrubbed = scrub_url("refused amqp://svc:hunter3@mq-2:5673/shop (hunter3)", list);
+    assert!(!scrubbed.contains("hunter3"), "{scrubbed}");
+
+    // One broker: one vhost; no empty address; each address checked alone.
+    for (bad, says) in [
+        ("amqp://u:p@a/shop,amqp://u:p@b/other", "vhost 'other'"),
+        (
+            "amqp://u:p@a/shop,,amqp://u:p@b/shop",
+            "address 2 of 3 is empty",
+        ),
+        ("amqp://u:p@a/shop,http://b/shop", "scheme 'http'"),
+        (
+            "amqp://u:hunter2@a/shop,amqp://u:hunter2#x@b/shop",
+            "is not",
+        ),
+    ] {
+        let err = load(&[("ORDER_TIMEOUT__AMQP__URL", bad)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`amqp.url`") && err.contains(says),
+            "{bad}: {err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    // A comma inside one URL (a query, a password) is no list: redacted whole.
+    assert!(!redact_url("postgres://u:hunter2@db/x?options=a,b").contains("hunter2"));
+    assert!(!redact_url("amqp://u:hun,ter2@mq/x").contains("ter2"));
+}
+
+#[test]
 fn unknown_keys_are_refused() {
     let err = load(&[("ORDER_TIMEOUT__AMQP__DELAYMODE", "ttl")])
         .unwrap_err()

@@ -254,3 +254,55 @@ async fn broker_down_at_checkout_postgres_plugin() {
     )
     .await
 }
+
+/// `amqp.url` with several addresses (the nodes of a cluster), the first of
+/// them down: every role connects to the next one, `/readyz` says which node
+/// each connection is on, `doctor` reports the address that is down and where
+/// the running instance's connections are, and timeouts work as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_that_is_down_is_skipped_for_the_next() {
+    let vhost = Vhost::create().await;
+    let dead = order_timeout_harness::free_port().unwrap();
+    let live = BROKER.get();
+    let live_node = live.rsplit('@').next().unwrap().to_string();
+    let url = format!(
+        "amqp://guest:guest@127.0.0.1:{dead}/{v}, {live}/{v}",
+        v = vhost.name()
+    );
+    let app = spawn_app(
+        Spawn::new(Backend::Sqlite, DelayMode::Ttl)
+            .env("ORDER_TIMEOUT__AMQP__URL", url)
+            .vhost(vhost),
+    )
+    .await;
+    let ready = app.get_json("/readyz").await;
+    for role in ["relay", "router", "consumer"] {
+        assert_eq!(ready["broker"]["nodes"][role], live_node, "{ready}");
+    }
+    assert_eq!(ready["broker"]["connections"]["router"], true, "{ready}");
+
+    app.put_stock("A", 1).await;
+    let id = app.order(&[("A", 1)], "1s").await;
+    app.wait_status(&id, "cancelled", Duration::from_secs(20))
+        .await;
+    assert_eq!(app.stock("A").await["available"], 1);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+        .arg("doctor")
+        .envs(app.env.clone())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "one live node is enough:\n{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "WARN  reachable: amqp://guest:***@127.0.0.1:{dead}/"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("order-timeout test-{} router on ", app.vhost)),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("guest:guest"), "{stdout}");
+}

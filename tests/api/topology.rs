@@ -1,6 +1,8 @@
 //! The broker side of the topology: the committed definitions files import
 //! into a fresh vhost and carry a timeout, quorum queues carry a full timeout
-//! cycle, and `rabbitmq/rabbitmq.conf` uses only keys the broker knows.
+//! cycle, `rabbitmq/rabbitmq.conf` uses only keys the broker knows, and the
+//! users of `rabbitmq/definitions.access.json` have the rights they need and
+//! no more.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -253,4 +255,194 @@ async fn quorum_queues_carry_a_full_timeout_cycle() {
     let id = app.order(&[("A", 5)], "3s").await;
     app.cancelled_on_time(&id, Duration::from_secs(10)).await;
     assert_eq!(app.stock("A").await["available"], 5);
+}
+
+// ------------------------------------------------------- least privilege
+
+/// Users the test made (they are global, not in its vhost): deleted on drop.
+struct Users(Vec<String>);
+
+impl Drop for Users {
+    fn drop(&mut self) {
+        let users = std::mem::take(&mut self.0);
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    for user in users {
+                        let _ = broker_api().delete(&format!("/users/{user}")).await;
+                    }
+                })
+        })
+        .join();
+    }
+}
+
+/// `rabbitmq/definitions.access.json`, imported as an operator would (its
+/// users renamed for this test, its vhost this test's), each user then given
+/// a password: the service runs the whole cycle as its own user and can reach
+/// nothing outside its prefix; the publishers' user can publish to the entry
+/// exchange and do nothing else.
+async fn least_privilege(backend: Backend, mode: DelayMode) {
+    let vhost = Vhost::create().await;
+    let id = vhost.name()["ot-test-".len()..].to_string();
+    let (service, publisher) = (format!("ot-test-svc-{id}"), format!("ot-test-pub-{id}"));
+    let file = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(definitions::ACCESS_FILE),
+    )
+    .unwrap();
+    let mut access: Value = serde_json::from_str(&file).unwrap();
+    let rename = |name: &Value| {
+        if name == definitions::SERVICE_USER {
+            json!(service)
+        } else {
+            json!(publisher)
+        }
+    };
+    for user in access["users"].as_array_mut().unwrap() {
+        user["name"] = rename(&user["name"]);
+    }
+    for p in access["permissions"].as_array_mut().unwrap() {
+        p["user"] = rename(&p["user"]);
+        p["vhost"] = json!(vhost.name());
+    }
+    let _users = Users(vec![service.clone(), publisher.clone()]);
+    broker_api()
+        .post("/definitions", &access)
+        .await
+        .unwrap_or_else(|e| panic!("import {}: {e}", definitions::ACCESS_FILE));
+    let password = new_token("pw");
+    for user in access["users"].as_array().unwrap() {
+        let tags: Vec<&str> = user["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        broker_api()
+            .put(
+                &format!("/users/{}", user["name"].as_str().unwrap()),
+                Some(&json!({"password": password, "tags": tags.join(",")})),
+            )
+            .await
+            .unwrap();
+    }
+    let url_as = |user: &str| {
+        let broker = BROKER.get();
+        let (scheme, host) = broker.split_once("://").unwrap();
+        let host = host.rsplit('@').next().unwrap();
+        format!("{scheme}://{user}:{password}@{host}/{}", vhost.name())
+    };
+    let (service_url, publisher_url) = (url_as(&service), url_as(&publisher));
+
+    // The service, as its own user (the management API too: amqp.url's user).
+    let app = spawn_app(
+        Spawn::new(backend, mode)
+            .env("ORDER_TIMEOUT__AMQP__URL", service_url.clone())
+            .vhost(vhost),
+    )
+    .await;
+    app.put_stock("A", 2).await;
+    let id = app.order(&[("A", 2)], "1s").await;
+    app.wait_status(&id, "cancelled", Duration::from_secs(20))
+        .await;
+    assert_eq!(app.stock("A").await["available"], 2);
+
+    // The publishers' user publishes to the entry exchange: its message
+    // reaches the service (an unknown order: parked with the reason).
+    let conn = |url: String| async move {
+        lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .unwrap()
+    };
+    let publishing = conn(publisher_url.clone()).await;
+    let channel = publishing.create_channel().await.unwrap();
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let body = json!({"order_id": "999999", "kind": "payment"}).to_string();
+    order_timeout::amqp::publish_confirmed(
+        &channel,
+        app.names.entry(),
+        "payment",
+        body.as_bytes(),
+        contract_properties(delay(10)),
+    )
+    .await
+    .expect("the publishers' user publishes to the entry exchange");
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let parked = loop {
+        let parked = app.drain_parked().await;
+        if !parked.is_empty() || std::time::Instant::now() > until {
+            break parked;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(parked[0].0, "unknown_order");
+
+    // ... and nothing else: another exchange, a queue, a declaration.
+    let refused = |what: &str, e: String| {
+        assert!(e.contains("ACCESS_REFUSED"), "{what}: {e}");
+    };
+    let channel = publishing.create_channel().await.unwrap();
+    channel
+        .confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let due = order_timeout::amqp::publish_confirmed(
+        &channel,
+        &app.names.due(),
+        "payment",
+        body.as_bytes(),
+        contract_properties(delay(10)),
+    )
+    .await;
+    refused("publish to the due exchange", format!("{:?}", due.err()));
+    let channel = publishing.create_channel().await.unwrap();
+    let get = channel
+        .basic_get(
+            app.names.ingest().as_str().into(),
+            lapin::options::BasicGetOptions::default(),
+        )
+        .await;
+    refused("read the ingest queue", format!("{:?}", get.err()));
+    let channel = publishing.create_channel().await.unwrap();
+    let declare = channel
+        .queue_declare(
+            "mine".into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    refused("declare a queue", format!("{:?}", declare.err()));
+
+    // The service's user reaches nothing outside its prefix either.
+    let serving = conn(service_url).await;
+    let channel = serving.create_channel().await.unwrap();
+    let other = channel
+        .exchange_declare(
+            "shop.orders".into(),
+            lapin::ExchangeKind::Fanout,
+            lapin::options::ExchangeDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    refused(
+        "the service's user declares outside its prefix",
+        format!("{:?}", other.err()),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_users_ttl_sqlite() {
+    run(Backend::Sqlite, DelayMode::Ttl, least_privilege).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_users_plugin_postgres() {
+    run(Backend::Postgres, DelayMode::Plugin, least_privilege).await
 }

@@ -1,0 +1,590 @@
+//! `make test-cluster`: the service on the three-node RabbitMQ cluster of
+//! `make cluster` (`scripts/cluster.sh`), quorum queues, TTL mode, two `serve`
+//! instances given the cluster's three addresses in different orders, and
+//! PostgreSQL. Two phases of a few thousand orders with deadlines spread over
+//! the run, 10 % paid; in each, the node holding the most quorum-queue leaders
+//! is lost mid-run: first its application is stopped (`rabbitmqctl stop_app`)
+//! and started again, then its Erlang VM is SIGKILLed and the node restarted.
+//! A third phase runs the same in plugin mode and stops the node that holds
+//! the plugin timers instance a's relay published (the plugin keeps them in
+//! that node's table, replicated nowhere): they wait for it.
+//! Then the ledger: nothing lost, nothing early, no paid order cancelled, no
+//! stock released twice, stock conserved, the outbox drained, and the lateness
+//! of the timers that fell due while the node was down. The figures are
+//! printed and written to their section of `docs/RELIABILITY.md`.
+//!
+//! `#[ignore]` keeps it out of `cargo test`: it needs the cluster, and stops
+//! and kills its nodes.
+
+mod ledger;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ledger::{
+    Placed, SKUS, admin, checkout, ends, env_or, outbox_rows, percentiles, put_stock, settle,
+    stock_check, write_section,
+};
+use order_timeout_harness::{Management, Process, Serve};
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
+/// The cluster's nodes: AMQP port and node name (`scripts/cluster.sh`).
+const NODES: [(u16, &str); 3] = [
+    (5681, "ot-cluster-1@localhost"),
+    (5682, "ot-cluster-2@localhost"),
+    (5683, "ot-cluster-3@localhost"),
+];
+/// The management API of the cluster (any node answers for all).
+const MANAGEMENT: &str = "http://127.0.0.1:15681/api";
+/// The sweeper's grace: long enough that a cancel by the sweeper means a
+/// timer the broker lost, not one that was merely late.
+const GRACE_S: u64 = 30;
+
+fn cluster_api() -> Management {
+    Management::new(MANAGEMENT, Duration::from_secs(10)).expect("management API URL")
+}
+
+/// `scripts/cluster.sh ARGS…`.
+fn cluster(args: &[&str]) {
+    let status = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh"))
+        .args(args)
+        .status()
+        .unwrap_or_else(|e| panic!("scripts/cluster.sh {args:?}: {e}"));
+    assert!(status.success(), "scripts/cluster.sh {args:?}");
+}
+
+/// One way a node is lost, and brought back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// TTL mode: the node with the most quorum-queue leaders, `rabbitmqctl
+    /// stop_app`, later `start_app`.
+    StopApp,
+    /// TTL mode: the node with the most leaders, SIGKILL of its Erlang VM,
+    /// later a restart of the node.
+    Kill,
+    /// Plugin mode: the node instance a's relay publishes to (where the
+    /// plugin keeps those timers), `stop_app`, later `start_app`.
+    PluginNode,
+    /// Plugin mode: that node killed and replaced by an empty one (its
+    /// data, the plugin's timers with it, lost).
+    PluginNodeReplaced,
+}
+
+impl Loss {
+    fn mode(self) -> &'static str {
+        match self {
+            Self::PluginNode | Self::PluginNodeReplaced => "plugin",
+            _ => "ttl",
+        }
+    }
+    fn describe(self) -> &'static str {
+        match self {
+            Self::StopApp => "application stopped (rabbitmqctl stop_app), then started",
+            Self::Kill => "Erlang VM killed (SIGKILL), then the node restarted",
+            Self::PluginNode => {
+                "plugin mode: the node holding instance a's relay connection (and the plugin timers it \
+                 published) stopped (stop_app), then started"
+            }
+            Self::PluginNodeReplaced => {
+                "plugin mode: the node holding instance a's relay connection killed (SIGKILL), its data \
+                 (the plugin's timers with it) lost, and an empty node joined in its place"
+            }
+        }
+    }
+    fn down(self, node: usize) {
+        let n = (node + 1).to_string();
+        match self {
+            Self::Kill | Self::PluginNodeReplaced => cluster(&["kill", &n]),
+            _ => cluster(&["stop-app", &n]),
+        }
+    }
+    fn up(self, node: usize) {
+        let n = (node + 1).to_string();
+        match self {
+            Self::Kill => cluster(&["restart", &n]),
+            Self::PluginNodeReplaced => cluster(&["replace", &n]),
+            _ => cluster(&["start-app", &n]),
+        }
+    }
+}
+
+struct World {
+    vhost: String,
+    db_name: String,
+    env: HashMap<String, String>,
+    ports: [u16; 2],
+    client: reqwest::Client,
+}
+
+impl World {
+    fn base(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i])
+    }
+
+    /// Instance `i` in delay mode `mode`, given the cluster's addresses
+    /// starting from node `i + 1`.
+    fn start(&self, i: usize, mode: &str) -> Process {
+        let urls: Vec<String> = (0..NODES.len())
+            .map(|k| {
+                let (port, _) = NODES[(i + k) % NODES.len()];
+                format!("amqp://guest:guest@127.0.0.1:{port}/{}", self.vhost)
+            })
+            .collect();
+        Serve::new(BIN)
+            .envs(self.env.clone())
+            .env("ORDER_TIMEOUT__AMQP__URL", urls.join(","))
+            .env("ORDER_TIMEOUT__AMQP__DELAY_MODE", mode)
+            .port(self.ports[i])
+            .instance(["cluster-a", "cluster-b"][i])
+            .start()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// What one phase did and found.
+struct Phase {
+    loss: Loss,
+    node: usize,
+    leaders_before: [usize; 3],
+    down_for: Duration,
+    placed: Vec<Placed>,
+    orders: HashMap<String, Value>,
+    down_from: chrono::DateTime<chrono::Utc>,
+    down_until: chrono::DateTime<chrono::Utc>,
+    /// Where the instances' connections were once they had reconnected.
+    after: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs the three-node cluster of `make cluster` and stops its nodes: run with `make test-cluster`"]
+async fn losing_a_node_loses_nothing() {
+    let per_phase = env_or("CLUSTER_ORDERS", 2_000);
+    let rate = env_or("CLUSTER_ORDERS_PER_SECOND", 80);
+    let started_at = chrono::Utc::now();
+    let world = Arc::new(setup().await);
+    let instances = Mutex::new(Vec::new());
+    start_instances(&world, &instances, "ttl").await;
+    // Spread the queue leaders over the nodes, as an operator of a cluster
+    // does after declaring quorum queues (they start on the declaring node).
+    let rebalance = Command::new("rabbitmq-queues")
+        .args(["-n", NODES[0].1, "rebalance", "quorum"])
+        .output()
+        .expect("rabbitmq-queues");
+    assert!(rebalance.status.success(), "{rebalance:?}");
+    let nodes = [
+        connected_nodes(&world, 0).await,
+        connected_nodes(&world, 1).await,
+    ];
+    println!("cluster: instance a on {}, b on {}", nodes[0], nodes[1]);
+    put_stock(&world.client, &world.base(0)).await;
+
+    let mut phases = Vec::new();
+    for loss in [
+        Loss::StopApp,
+        Loss::Kill,
+        Loss::PluginNode,
+        Loss::PluginNodeReplaced,
+    ] {
+        if loss == Loss::PluginNode {
+            // A restart in the other mode: the TTL stage is drained by now.
+            start_instances(&world, &instances, loss.mode()).await;
+        }
+        phases.push(phase(&world, loss, per_phase, rate).await);
+    }
+
+    let report = ledger_and_report(&world, &phases, &nodes, started_at, rate).await;
+    drop(instances.lock().await.drain(..).collect::<Vec<Process>>());
+    teardown(&world).await;
+    report.assert_balances();
+}
+
+/// (Re)starts both instances in `mode` and waits until they are ready.
+async fn start_instances(world: &World, instances: &Mutex<Vec<Process>>, mode: &str) {
+    let mut all = instances.lock().await;
+    all.clear();
+    for i in 0..2 {
+        let mut p = world.start(i, mode);
+        p.wait_ready(&world.client, Duration::from_secs(90))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        all.push(p);
+    }
+}
+
+/// A vhost on the cluster and a database of our own, migrated once.
+async fn setup() -> World {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (vhost, db_name) = (format!("ot-cluster-{id}"), format!("ot_cluster_{id}"));
+    cluster_api()
+        .create_vhost(&vhost)
+        .await
+        .unwrap_or_else(|e| panic!("the cluster of `make cluster` at {MANAGEMENT}: {e}"));
+    admin(&format!("CREATE DATABASE {db_name}")).await;
+    let env: HashMap<String, String> = [
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            format!("postgres://postgres@127.0.0.1:5432/{db_name}"),
+        ),
+        (
+            "ORDER_TIMEOUT__AMQP__URL",
+            format!("amqp://guest:guest@127.0.0.1:5681/{vhost}"),
+        ),
+        ("ORDER_TIMEOUT__AMQP__QUEUE_TYPE", "quorum".into()),
+        ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl".into()),
+        (
+            "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+            "http://127.0.0.1:15681".into(),
+        ),
+        ("ORDER_TIMEOUT__SWEEPER__INTERVAL", "5s".into()),
+        // Each order by its own message, or by the sweeper: what the broker
+        // delivered is what is measured. (With catch-up on, the default, one
+        // due message has the consumer apply every order already due, and a
+        // node's loss hides behind the others' deliveries.)
+        ("ORDER_TIMEOUT__CONSUMER__CATCH_UP", "false".into()),
+        ("ORDER_TIMEOUT__SWEEPER__GRACE", format!("{GRACE_S}s")),
+        ("ORDER_TIMEOUT__LOG__LEVEL", "warn".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let status = Command::new(BIN)
+        .args(["migrate", "up"])
+        .envs(&env)
+        .status()
+        .unwrap();
+    assert!(status.success(), "migrate");
+    let port = || order_timeout_harness::free_port().unwrap();
+    World {
+        vhost,
+        db_name,
+        env,
+        ports: [port(), port()],
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    }
+}
+
+/// The node each broker connection of instance `i` is on, from its `/readyz`.
+async fn connected_nodes(world: &World, i: usize) -> String {
+    let ready: Value = world
+        .client
+        .get(format!("{}/readyz", world.base(i)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let nodes = &ready["broker"]["nodes"];
+    ["relay", "router", "consumer"]
+        .iter()
+        .map(|role| format!("{role} {}", nodes[role].as_str().unwrap_or("-")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The node instance a's relay is connected to.
+async fn relay_node(world: &World) -> usize {
+    let ready: Value = world
+        .client
+        .get(format!("{}/readyz", world.base(0)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let at = ready["broker"]["nodes"]["relay"]
+        .as_str()
+        .unwrap_or_default();
+    NODES
+        .iter()
+        .position(|(port, _)| at.ends_with(&format!(":{port}")))
+        .unwrap_or_else(|| panic!("instance a's relay on no node of the cluster: {ready}"))
+}
+
+/// Quorum-queue leaders of the vhost per node.
+async fn leaders(vhost: &str) -> [usize; 3] {
+    let queues = cluster_api()
+        .get(&format!("/queues/{vhost}?columns=name,type,leader,node"))
+        .await
+        .unwrap();
+    let mut per_node = [0; 3];
+    for q in queues.as_array().map(Vec::as_slice).unwrap_or_default() {
+        let leader = q["leader"].as_str().or_else(|| q["node"].as_str());
+        if let Some(i) = NODES.iter().position(|(_, n)| Some(*n) == leader) {
+            per_node[i] += 1;
+        }
+    }
+    per_node
+}
+
+/// Orders at `rate` a second, windows of 10 to 50 s, every tenth paid a
+/// third of the way into its window; a third of the way through, the node
+/// holding the most leaders is lost for 20 s. Then waits until no order is
+/// pending.
+async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
+    let placed = Arc::new(Mutex::new(Vec::<Placed>::new()));
+    let generator = {
+        let (world, placed) = (world.clone(), placed.clone());
+        tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for n in 0..count {
+                let base = world.base((n % 2) as usize);
+                let items = vec![(SKUS[(n % 5) as usize].to_string(), 1 + (n % 3) as i64)];
+                let window_ms = 10_000 + (n * 7_919 % 40_000);
+                let (placed, client) = (placed.clone(), world.client.clone());
+                tasks.push(tokio::spawn(async move {
+                    let Some(id) = checkout(&client, &base, &items, window_ms).await else {
+                        return;
+                    };
+                    let mut paid = false;
+                    if n.is_multiple_of(10) {
+                        tokio::time::sleep(Duration::from_millis(window_ms / 3)).await;
+                        let pay = client.post(format!("{base}/orders/{id}/pay")).send().await;
+                        paid = pay.is_ok_and(|r| r.status() == 200);
+                    }
+                    placed.lock().await.push(Placed { id, items, paid });
+                }));
+                // The scenario: the order rate.
+                tokio::time::sleep(Duration::from_micros(1_000_000 / rate)).await;
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+        })
+    };
+    // The scenario: the node is lost once a third of the orders are placed,
+    // while the first deadlines fall due, for 20 s.
+    tokio::time::sleep(Duration::from_millis(count * 1_000 / rate / 3 + 10_000)).await;
+    let leaders_before = leaders(&world.vhost).await;
+    let node = match loss {
+        Loss::PluginNode | Loss::PluginNodeReplaced => relay_node(world).await,
+        _ => (0..3).max_by_key(|i| leaders_before[*i]).unwrap_or(0),
+    };
+    let down_from = chrono::Utc::now();
+    let lost_at = Instant::now();
+    let before = format!(
+        "a: {}; b: {}",
+        connected_nodes(world, 0).await,
+        connected_nodes(world, 1).await
+    );
+    loss.down(node);
+    println!(
+        "cluster: {} of node {} ({} leaders of {:?}); connections before: {before}",
+        loss.describe(),
+        NODES[node].1,
+        leaders_before[node],
+        leaders_before,
+    );
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let after = format!(
+        "a: {}; b: {}",
+        connected_nodes(world, 0).await,
+        connected_nodes(world, 1).await
+    );
+    println!("cluster: connections while it is down: {after}");
+    let after = format!("before the loss {before}; while the node was down {after}");
+    loss.up(node);
+    let down_for = lost_at.elapsed();
+    let down_until = chrono::Utc::now();
+    println!("cluster: node {} back after {down_for:?}", NODES[node].1);
+    generator.await.unwrap();
+    let placed = placed.lock().await.clone();
+    // Longest window 50 s, grace 30 s, interval 5 s.
+    let orders = settle(
+        &world.client,
+        &world.base(0),
+        &placed,
+        Duration::from_secs(150),
+    )
+    .await;
+    Phase {
+        loss,
+        node,
+        leaders_before,
+        down_for,
+        placed,
+        orders,
+        down_from,
+        down_until,
+        after,
+    }
+}
+
+/// The verdict: what must be zero, and what must hold.
+struct Verdict {
+    bad: Vec<(String, usize)>,
+    stock_ok: bool,
+    parked: i64,
+    outbox: (i64, i64),
+}
+
+impl Verdict {
+    fn assert_balances(&self) {
+        for (what, n) in &self.bad {
+            assert_eq!(*n, 0, "{what}");
+        }
+        assert!(self.stock_ok, "stock not conserved");
+        assert_eq!(self.parked, 0, "parked messages");
+        assert_eq!(self.outbox, (0, 0), "outbox not drained");
+    }
+}
+
+/// Prints every figure and writes the cluster's section of `docs/RELIABILITY.md`.
+async fn ledger_and_report(
+    world: &World,
+    phases: &[Phase],
+    nodes: &[String; 2],
+    started_at: chrono::DateTime<chrono::Utc>,
+    rate: u64,
+) -> Verdict {
+    let mut bad = Vec::new();
+    let mut sold: HashMap<String, i64> = HashMap::new();
+    let mut sections = Vec::new();
+    for p in phases {
+        let e = ends(&p.placed, &p.orders);
+        for (sku, q) in &e.sold_expected {
+            *sold.entry(sku.clone()).or_default() += q;
+        }
+        let while_down: Vec<Duration> = e
+            .lateness
+            .iter()
+            .filter(|(due, _)| *due >= p.down_from && *due <= p.down_until)
+            .map(|(_, late)| *late)
+            .collect();
+        let all: Vec<Duration> = e.lateness.iter().map(|(_, l)| *l).collect();
+        let swept: Vec<String> = e
+            .swept
+            .iter()
+            .map(|due| format!("{:+.1}", (due.to_utc() - p.down_from).as_seconds_f64()))
+            .collect();
+        if !swept.is_empty() {
+            println!(
+                "cluster: {:?}: the sweeper's orders were due at (s after the node was lost) {}{}",
+                p.loss,
+                swept.iter().take(20).cloned().collect::<Vec<_>>().join(" "),
+                if swept.len() > 20 { " …" } else { "" }
+            );
+        }
+        let rows = [
+            ("orders placed", p.placed.len().to_string()),
+            ("cancelled", e.cancelled.to_string()),
+            ("paid (and still paid)", e.paid.to_string()),
+            ("lost (unpaid, not cancelled)", e.lost.to_string()),
+            ("cancelled before the deadline", e.early.to_string()),
+            (
+                "paid with a 200, then cancelled",
+                e.paid_then_cancelled.to_string(),
+            ),
+            ("stock released twice", e.double_release.to_string()),
+            (
+                "cancelled by the sweeper (timer not there by deadline + 30 s)",
+                e.by_sweeper.to_string(),
+            ),
+            (
+                "lateness, deadlines while the node was down",
+                percentiles(while_down),
+            ),
+            ("lateness, every cancel of the phase", percentiles(all)),
+        ];
+        for (k, v) in &rows {
+            println!("cluster: {:?}: {k:<62} {v}", p.loss);
+        }
+        bad.push((format!("{:?}: lost", p.loss), e.lost));
+        bad.push((format!("{:?}: early", p.loss), e.early));
+        bad.push((
+            format!("{:?}: paid then cancelled", p.loss),
+            e.paid_then_cancelled,
+        ));
+        bad.push((format!("{:?}: released twice", p.loss), e.double_release));
+        sections.push(format!(
+            "### Node {} lost: {}\n\nLeaders per node before: {:?}; the node was down for {:.1} s. \
+             Connections {}.\n\n\
+             | figure | value |\n|---|---|\n{}",
+            p.node + 1,
+            p.loss.describe(),
+            p.leaders_before,
+            p.down_for.as_secs_f64(),
+            p.after,
+            rows.iter()
+                .map(|(k, v)| format!("| {k} | {v} |"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ));
+    }
+    let (stock_ok, stock_lines) = stock_check(&world.client, &world.base(0), &sold).await;
+    let parked = cluster_api()
+        .get_opt(&format!("/queues/{}/order.timeouts.parked", world.vhost))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|q| q["messages"].as_i64())
+        .unwrap_or(-1);
+    let outbox = outbox_rows(&world.db_name).await;
+    println!(
+        "cluster: stock conserved {stock_ok}, parked {parked}, outbox left/set aside {outbox:?}"
+    );
+    let rabbit = cluster_api()
+        .broker_version()
+        .await
+        .unwrap_or_else(|_| "?".to_string());
+    let text = format!(
+        "## Losing a node of a three-node cluster\n\n\
+         Produced by `make test-cluster` (`make cluster`, then `cargo test --release --test cluster -- \
+         --ignored --nocapture`), {started}, on the 2-core machine: three RabbitMQ {rabbit} nodes of one \
+         cluster on this machine, quorum queues (leaders rebalanced), PostgreSQL, two `serve` \
+         instances given the three addresses in different orders (connections at the start: a: {a}; \
+         b: {b}), sweeper interval 5 s and grace {GRACE_S} s, the consumers' catch-up off (each order \
+         by its own message or by the sweeper, so that what the broker delivered is what is \
+         measured). Each phase: orders at about {rate}/s, windows of 10 to 50 s, every tenth paid a \
+         third of the way into its window, and a node lost for 20 s (plus the time stopping and \
+         starting it takes) while deadlines fall due: in TTL mode the node holding the most \
+         quorum-queue leaders, stopped, then killed; then, the instances restarted in plugin mode, \
+         the node holding instance a's relay connection, where the plugin keeps the timers that \
+         relay published, stopped, then killed and replaced by an empty node.\n\n\
+         How to read it: in TTL mode every timer is a message in a quorum queue, replicated on \
+         the three nodes, and fires from the others while one is down. In plugin mode a timer \
+         lives only on the node that received it (the node of the relay connection that \
+         published it): while that node is stopped its timers wait for it and fire late when it \
+         is back; when its data is lost they are gone, and the sweeper cancels their orders at \
+         deadline + grace (the count of orders cancelled by the sweeper is the count of timers \
+         lost). Nothing is lost to the shop either way: the database decides, and the sweeper \
+         covers what the broker dropped.\n\n{phases}\n\n\
+         ### After every phase\n\n\
+         Stock conserved and matching the paid orders: {stock_ok}. Parked messages: {parked}. \
+         Outbox rows left unpublished / set aside: {} / {}.\n\n\
+         | sku | available | reserved | sold | total | conserved and matching paid orders |\n\
+         |---|---|---|---|---|---|\n{stock}\n",
+        outbox.0,
+        outbox.1,
+        started = started_at.format("%Y-%m-%d %H:%M UTC"),
+        a = nodes[0],
+        b = nodes[1],
+        phases = sections.join("\n\n"),
+        stock = stock_lines.join("\n"),
+    );
+    write_section("cluster", &text);
+    Verdict {
+        bad,
+        stock_ok,
+        parked,
+        outbox,
+    }
+}
+
+async fn teardown(world: &World) {
+    let _ = cluster_api().delete_vhost(&world.vhost).await;
+    admin(&format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        world.db_name
+    ))
+    .await;
+}
