@@ -44,6 +44,9 @@ const FLOWING: Duration = Duration::from_millis(50);
 /// delivery is parked.
 const ISOLATED_ATTEMPTS: u32 = 3;
 
+/// Failed attempts of a batch remembered, for [`KindConsumer::applied_earlier`].
+const MAX_FAILED_ATTEMPTS: usize = 64;
+
 /// Runs the consumers of every kind on one connection until shutdown or failure.
 pub async fn run(
     ctx: Arc<Context>,
@@ -327,6 +330,9 @@ impl KindConsumer {
         let mut suspects: Vec<(Vec<OrderKey>, u32)> = Vec::new();
         let mut outage = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        // The clock readings of the attempts that failed: one of them may have
+        // committed with its answer lost.
+        let mut failed: Vec<Millis> = Vec::new();
         loop {
             let (part, refusals) = match parts.pop() {
                 Some(next) => next,
@@ -353,10 +359,19 @@ impl KindConsumer {
                         // Committed with their domain events: let the relay publish them.
                         self.ctx.relay_wakeup.notify_one();
                     }
+                    let recovered = self.applied_earlier(&outcomes, &failed).await;
                     decided.merge(outcomes, now);
+                    for (key, (at, outcome)) in recovered {
+                        decided.merge(HashMap::from([(key, outcome)]), at);
+                    }
                     continue;
                 }
-                Err(e) => e,
+                Err(e) => {
+                    if failed.len() < MAX_FAILED_ATTEMPTS {
+                        failed.push(now);
+                    }
+                    e
+                }
             };
             if orders.probe(&self.ctx.db, self.kind).await.is_err() {
                 // The database is away or refuses every transition: keep the
@@ -383,6 +398,38 @@ impl KindConsumer {
                 suspects.push((part, refusals + 1));
             }
         }
+    }
+
+    /// After failed attempts: the orders a retry found not applicable that
+    /// one of those attempts applied after all (its commit's answer lost),
+    /// by the audit row it committed. They count as applied, once, as the
+    /// database holds them. A database error here leaves them not applicable.
+    async fn applied_earlier(
+        &self,
+        outcomes: &HashMap<OrderKey, ExpiryOutcome>,
+        failed: &[Millis],
+    ) -> HashMap<OrderKey, (Millis, ExpiryOutcome)> {
+        if failed.is_empty() {
+            return HashMap::new();
+        }
+        let moved: Vec<OrderKey> = outcomes
+            .iter()
+            .filter(|(_, o)| matches!(o, ExpiryOutcome::Inapplicable { .. }))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if moved.is_empty() {
+            return HashMap::new();
+        }
+        let found = self
+            .ctx
+            .orders
+            .applied_earlier(&self.ctx.db, self.kind, &moved, failed, Cause::Timeout)
+            .await
+            .unwrap_or_default();
+        if !found.is_empty() {
+            self.ctx.events.commit_answer_lost(self.kind, found.len());
+        }
+        found
     }
 
     /// Acks, holds, re-delays or parks each delivery as the database decided.

@@ -98,12 +98,32 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
 /// The migrations a database needs: all of them when the service owns the
 /// orders, only the bookkeeping ones in a shop's database (`orders.source =
 /// mapped`), whose own tables are never touched.
+///
+/// A role that may not change the schema (least privilege: `serve` on row
+/// rights only) gets an error saying so and what to do, not the driver's text
+/// alone.
 pub async fn migrate_for(db: &DatabaseConnection, owned: bool) -> Result<(), DbErr> {
-    if owned {
+    let result = if owned {
         migrate(db).await
     } else {
         migrate_bookkeeping(db).await
-    }
+    };
+    result.map_err(|e| {
+        let text = e.to_string();
+        let denied = ["permission denied", "command denied", "access denied"]
+            .iter()
+            .any(|d| text.to_lowercase().contains(d));
+        if denied {
+            DbErr::Migration(format!(
+                "the role of database.url may not change the schema ({text}): run the migrations \
+                 as the role that owns the schema (`order-timeout migrate up` with its URL), and \
+                 serve with database.migrate_on_start = false (README: least privilege on the \
+                 database)"
+            ))
+        } else {
+            e
+        }
+    })
 }
 
 /// Applies pending migrations of the bookkeeping tables only (the event

@@ -330,6 +330,16 @@ impl Events {
         );
     }
 
+    /// A failed attempt had committed after all (its answer was lost): the
+    /// audit rows it wrote say so, and its orders count as applied.
+    pub fn commit_answer_lost(&self, kind: TimeoutKind, orders: usize) {
+        tracing::warn!(
+            kind = kind.as_str(),
+            orders,
+            "an attempt whose commit answer was lost had applied these timeouts; counted as applied, from the audit trail"
+        );
+    }
+
     /// The database refused one order's timeout in a sweep; the next sweep tries again.
     pub fn sweeper_refused(&self, kind: TimeoutKind, id: &OrderKey, error: &str) {
         tracing::error!(

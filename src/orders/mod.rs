@@ -89,6 +89,36 @@ impl Orders {
         }
     }
 
+    /// The orders among `keys` that an earlier, failed attempt of this
+    /// timeout (its clock readings: `attempts`) applied after all, its
+    /// commit's answer lost; each with the attempt's time and `Applied` with
+    /// the deadline (see [`store::applied_earlier`]).
+    pub async fn applied_earlier(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &[OrderKey],
+        attempts: &[Millis],
+        cause: Cause,
+    ) -> Result<HashMap<OrderKey, (Millis, ExpiryOutcome)>, DbErr> {
+        match self {
+            Self::Owned => {
+                let ids = owned_ids(keys);
+                let found = store::applied_earlier(db, kind, &ids, attempts, cause).await?;
+                Ok(found
+                    .into_iter()
+                    .map(|(id, (at, deadline))| {
+                        (
+                            OrderKey::from(id),
+                            (at, ExpiryOutcome::Applied { deadline }),
+                        )
+                    })
+                    .collect())
+            }
+            Self::Mapped(m) => m.applied_earlier(db, kind, keys, attempts, cause).await,
+        }
+    }
+
     /// Whether the database accepts a transition of `kind` at all (see
     /// [`store::probe`]).
     pub async fn probe(&self, db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {

@@ -367,6 +367,9 @@ pub struct Spawn {
     /// Statements run on the test's new database before the service starts
     /// (a shop's own tables, for the mapped mode).
     pub setup: Vec<String>,
+    /// The service reaches its database server through this local port (a
+    /// proxy of the test's) instead of the server's own.
+    pub database_port: Option<u16>,
 }
 
 impl Spawn {
@@ -377,7 +380,14 @@ impl Spawn {
             env: Vec::new(),
             vhost: None,
             setup: Vec::new(),
+            database_port: None,
         }
+    }
+    /// The service reaches its database through a proxy on this local port,
+    /// with no statement cache (every statement's text crosses the proxy).
+    pub fn database_port(mut self, port: u16) -> Self {
+        self.database_port = Some(port);
+        self
     }
     /// Runs these statements on the new database before the service starts.
     pub fn setup(mut self, statements: &[&str]) -> Self {
@@ -419,6 +429,17 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
         admin(&db_url, statement).await;
     }
     let amqp_url = format!("{BROKER}/{vhost}");
+    let db_url = match (opts.database_port, server(opts.backend)) {
+        (Some(port), Some((_, base))) => {
+            let (scheme, rest) = base.split_once("@").unwrap();
+            let host = rest.rsplit_once(':').unwrap().0;
+            // Every statement's text on the wire (no prepared statements
+            // reused by name), for a proxy that reads them.
+            db_url.replacen(base, &format!("{scheme}@{host}:{port}"), 1)
+                + "?statement-cache-capacity=0"
+        }
+        _ => db_url,
+    };
     let mut env: HashMap<String, String> = [
         ("ORDER_TIMEOUT__DATABASE__URL", db_url),
         ("ORDER_TIMEOUT__AMQP__URL", amqp_url.clone()),

@@ -46,6 +46,7 @@ mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused 
 mod metrics; // every documented metric after a timeout cycle
 mod openapi; // the OpenAPI document matches what the API does
 mod outages; // the broker and the database go away and come back
+mod roles; // least privilege on the database: serve on row rights only
 mod settings; // the binary's contracts: settings, doctor, demo
 mod stages; // the two delay stages on the real plugin and TTL queues
 mod tls; // amqps:// end to end

@@ -663,6 +663,62 @@ async fn mall(backend: Backend, mode: DelayMode) {
     assert_eq!(audit, told.len().to_string());
 }
 
+/// The mall's payment timeout commits and the answer is lost (the connection
+/// cut right after the COMMIT, see `outages::commit_cutter`): the retry finds
+/// the order no longer applicable and counts it applied all the same, from
+/// the `order_timeout_audit` row the lost commit wrote; the order is closed
+/// once and its stock given back once.
+async fn mall_lost_commit_answer(backend: Backend, mode: DelayMode) {
+    let (port, cuts) =
+        crate::outages::commit_cutter(b"UPDATE \"oms_order\"", b"INSERT INTO order_timeout_audit")
+            .await;
+    let spawn = Spawn::new(backend, mode)
+        .setup(&mall_schema(backend))
+        .database_port(port);
+    let app = spawn_app(mall_mapping(spawn, false)).await;
+    let shop = Shop::open(&app, backend).await;
+    let mall = Mall {
+        shop: &shop,
+        text_ids: false,
+    };
+    mall.checkout(1).await;
+    let publisher = app.publisher().await;
+    publisher.timeout(&mall.key(1), "payment", 3_000).await;
+    mall.wait_status(1, "4", Duration::from_secs(20)).await;
+    assert!(
+        cuts.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "no commit was cut"
+    );
+    crate::outages::assert_counted_applied_once(&app).await;
+    let stock = mall.stock().await;
+    assert!(
+        stock.values().all(|(s, lock)| *s == 100 && *lock == 0),
+        "{stock:?}"
+    );
+    let audit = shop
+        .one(
+            &format!("SELECT {} FROM order_timeout_audit", shop.text("COUNT(*)")),
+            vec![],
+        )
+        .await;
+    assert_eq!(audit, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mall_lost_commit_answer_postgres_ttl() {
+    run(Backend::Postgres, DelayMode::Ttl, mall_lost_commit_answer).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mall_lost_commit_answer_postgres_plugin() {
+    run(
+        Backend::Postgres,
+        DelayMode::Plugin,
+        mall_lost_commit_answer,
+    )
+    .await
+}
+
 mod mall {
     use crate::helpers::{Backend, DelayMode, run};
 

@@ -1,11 +1,15 @@
 //! The broker and the database go away and come back: broker connections
 //! killed mid-flow, the broker refusing a vhost at checkout, the database
-//! refusing every connection. Consumers pause instead of spinning, nothing is
-//! lost, nothing is applied twice.
+//! refusing every connection, a commit whose answer is lost. Consumers pause
+//! instead of spinning, nothing is lost, nothing is applied twice, and the
+//! counters say what the database holds.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::helpers::*;
 
@@ -305,4 +309,148 @@ async fn an_address_that_is_down_is_skipped_for_the_next() {
         "{stdout}"
     );
     assert!(!stdout.contains("guest:guest"), "{stdout}");
+}
+
+/// A TCP proxy to PostgreSQL that, once, passes on the COMMIT of a
+/// transaction that applied a timeout (its statements hold `update`, the
+/// transition, and `audit`, its audit row: `UPDATE "orders"` and `INSERT
+/// INTO "order_events"` for the service's own orders) and then cuts that
+/// connection without passing on the answer: the server commits, the service
+/// never hears so. (The service reaches it with `statement-cache-capacity=0`,
+/// so that every statement's text crosses it.) Returns the proxy's port and
+/// how many commits it cut.
+pub async fn commit_cutter(update: &'static [u8], audit: &'static [u8]) -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cuts = Arc::new(AtomicUsize::new(0));
+    let counted = cuts.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            tokio::spawn(pass_and_cut(client, counted.clone(), update, audit));
+        }
+    });
+    (port, cuts)
+}
+
+async fn pass_and_cut(
+    client: tokio::net::TcpStream,
+    cuts: Arc<AtomicUsize>,
+    update: &'static [u8],
+    audit: &'static [u8],
+) {
+    let Ok(server) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
+        return;
+    };
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    let silenced = Arc::new(AtomicBool::new(false));
+    let silent = silenced.clone();
+    let answers = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from_server.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if silent.load(Ordering::SeqCst) || to_client.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    });
+    let has = |chunk: &[u8], what: &[u8]| chunk.windows(what.len()).any(|w| w == what);
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut updated, mut recorded) = (false, false);
+    loop {
+        let n = match from_client.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        updated |= has(chunk, update);
+        recorded |= has(chunk, audit);
+        let commit = has(chunk, b"COMMIT");
+        if commit && updated && recorded && cuts.fetch_add(1, Ordering::SeqCst) == 0 {
+            silenced.store(true, Ordering::SeqCst);
+            let _ = to_server.write_all(chunk).await;
+            // The scenario: the server commits; the answer never arrives.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            break;
+        }
+        if commit {
+            (updated, recorded) = (false, false);
+        }
+        if to_server.write_all(chunk).await.is_err() {
+            break;
+        }
+    }
+    answers.abort();
+}
+
+/// A timeout's transaction commits and the answer is lost (the connection
+/// cut right after the COMMIT): the consumer's retry finds the order no longer
+/// applicable, and counts it as applied all the same, from the audit row the
+/// lost commit wrote. The order is cancelled once, its stock released once,
+/// and the metrics say what the database holds.
+async fn a_lost_commit_answer_still_counts_applied(backend: Backend, mode: DelayMode) {
+    let (port, cuts) = commit_cutter(b"UPDATE \"orders\"", b"INSERT INTO \"order_events\"").await;
+    let app = spawn_app(Spawn::new(backend, mode).database_port(port)).await;
+    app.put_stock("A", 3).await;
+    let id = app.order(&[("A", 2)], "1s").await;
+    app.wait_status(&id, "cancelled", Duration::from_secs(30))
+        .await;
+    assert_cancelled_once(&app, std::slice::from_ref(&id)).await;
+    assert!(cuts.load(Ordering::SeqCst) >= 1, "no commit was cut");
+    assert_counted_applied_once(&app).await;
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 3, "reserved": 0, "sold": 0})
+    );
+}
+
+/// The one timeout of the test counted `applied`, never `not_applicable`.
+pub async fn assert_counted_applied_once(app: &TestApp) {
+    let applied = "outcome=\"applied\"";
+    let until = Instant::now() + Duration::from_secs(10);
+    while app
+        .metric("order_timeout_timeouts_handled_total", &[applied])
+        .await
+        < 1.0
+        && Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        (
+            app.metric("order_timeout_timeouts_handled_total", &[applied])
+                .await,
+            app.metric(
+                "order_timeout_timeouts_handled_total",
+                &["outcome=\"not_applicable\""]
+            )
+            .await
+        ),
+        (1.0, 0.0),
+        "{}",
+        app.metrics().await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_answer_still_counts_applied_ttl() {
+    run(
+        Backend::Postgres,
+        DelayMode::Ttl,
+        a_lost_commit_answer_still_counts_applied,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_answer_still_counts_applied_plugin() {
+    run(
+        Backend::Postgres,
+        DelayMode::Plugin,
+        a_lost_commit_answer_still_counts_applied,
+    )
+    .await
 }

@@ -53,6 +53,53 @@ pub async fn expire(
     Ok(outcomes)
 }
 
+/// The orders among `ids` that an earlier, failed attempt of this timeout
+/// applied after all: a commit whose answer was lost (the connection cut
+/// right after it) leaves the transition committed with its audit row, of
+/// `kind`'s event and `cause`, stamped with that attempt's clock reading,
+/// one of `attempts`. The retry finds such an order no longer applicable;
+/// this says it was applied, by whom the database records, so that what is
+/// counted is what the database holds. Each with the attempt's time and the
+/// deadline.
+pub async fn applied_earlier(
+    db: &DatabaseConnection,
+    kind: TimeoutKind,
+    ids: &[OrderId],
+    attempts: &[Millis],
+    cause: Cause,
+) -> Result<HashMap<OrderId, (Millis, Millis)>, DbErr> {
+    let mut found = HashMap::new();
+    if attempts.is_empty() {
+        return Ok(found);
+    }
+    let event = crate::domain::edge(crate::domain::Trigger::Timeout(kind)).event;
+    for chunk in ids.chunks(LIST_CHUNK) {
+        let at: HashMap<i64, i64> = order_events::Entity::find()
+            .filter(order_events::Column::OrderId.is_in(chunk.iter().map(|id| id.get())))
+            .filter(order_events::Column::Event.eq(event))
+            .filter(order_events::Column::Cause.eq(cause.as_str()))
+            .filter(order_events::Column::AtMs.is_in(attempts.iter().map(|m| m.0)))
+            .all(db)
+            .await?
+            .into_iter()
+            .map(|row| (row.order_id, row.at_ms))
+            .collect();
+        if at.is_empty() {
+            continue;
+        }
+        let applied = orders::Entity::find()
+            .filter(orders::Column::Id.is_in(at.keys().copied()))
+            .all(db)
+            .await?;
+        for order in applied {
+            if let (Some(deadline), Some(at)) = (deadline_of(kind, &order), at.get(&order.id)) {
+                found.insert(OrderId::new(order.id), (Millis(*at), deadline));
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// Whether the database accepts a transition of `kind` at all: the same
 /// statements as [`expire`], for an id no order has. When a batch fails and
 /// this succeeds, the batch itself is the problem (one order a trigger or a

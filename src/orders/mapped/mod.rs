@@ -201,6 +201,60 @@ impl Mapped {
         Ok(outcomes)
     }
 
+    /// The orders among `keys` that an earlier, failed attempt of this
+    /// timeout applied after all (its commit's answer lost): found by their
+    /// `order_timeout_audit` row at one of the `attempts`' clock readings
+    /// (see [`crate::db::store::applied_earlier`]). Each with the attempt's
+    /// time and its outcome, `Applied` with the deadline.
+    pub async fn applied_earlier(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &[OrderKey],
+        attempts: &[Millis],
+        cause: Cause,
+    ) -> Result<HashMap<OrderKey, (Millis, ExpiryOutcome)>, DbErr> {
+        let mut found = HashMap::new();
+        let Some(k) = self.kind(kind) else {
+            return Ok(found);
+        };
+        if attempts.is_empty() {
+            return Ok(found);
+        }
+        let event = crate::domain::edge(crate::domain::Trigger::Timeout(kind)).event;
+        let mut at: HashMap<String, i64> = HashMap::new();
+        for chunk in keys.chunks(LIST_CHUNK) {
+            let mut sql = Sql::new(self.dialect);
+            sql.push("SELECT order_id, at_ms FROM order_timeout_audit WHERE event = ")
+                .bind(Value::from(event))
+                .push(" AND cause = ")
+                .bind(Value::from(cause.as_str()))
+                .push(" AND order_id IN ")
+                .bind_list(chunk.iter().map(|k| Value::from(k.as_str())))
+                .push(" AND at_ms IN ")
+                .bind_list(attempts.iter().map(|m| Value::from(m.0)));
+            for row in db.query_all_raw(sql.build()).await? {
+                let id: String = row.try_get_by_index(0)?;
+                let ms: i64 = row.try_get_by_index(1)?;
+                at.insert(id, ms);
+            }
+        }
+        if at.is_empty() {
+            return Ok(found);
+        }
+        let txn = db.begin().await?;
+        for key in keys {
+            if let Some(ms) = at.get(key.as_str()) {
+                let outcome = self.outcome(&txn, k, key, true, Millis::now()).await?;
+                if matches!(outcome, ExpiryOutcome::Applied { .. }) {
+                    found.insert(key.clone(), (Millis(*ms), outcome));
+                }
+            }
+        }
+        txn.commit().await?;
+        Ok(found)
+    }
+
     /// Whether the database accepts a transition of `kind` at all: the same
     /// statements as [`expire`](Self::expire), for an id no order has.
     pub async fn probe(&self, db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {
