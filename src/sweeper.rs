@@ -5,6 +5,7 @@
 //! instances may sweep at once without double effects. Each catch is logged
 //! and counted: it means a broker-side timer was lost or late.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use sea_orm::DbErr;
@@ -77,6 +78,26 @@ async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64
     }
 }
 
+/// Counts and tells the orders `outcomes` applied (at `now`).
+fn caught_now(
+    ctx: &Context,
+    kind: TimeoutKind,
+    outcomes: &HashMap<OrderKey, ExpiryOutcome>,
+    now: Millis,
+) -> u64 {
+    let mut caught = 0;
+    for (id, outcome) in outcomes {
+        if let ExpiryOutcome::Applied { deadline } = outcome {
+            caught += 1;
+            ctx.events
+                .sweeper_catch(kind, id, now.signed_since(*deadline));
+            // Committed with its domain event: let the relay publish it.
+            ctx.relay_wakeup.notify_one();
+        }
+    }
+    caught
+}
+
 /// Applies a page; when the database answers but refuses it, halves it down
 /// to the orders it refuses, which are logged and left for the next sweep.
 async fn expire_isolating(
@@ -88,33 +109,43 @@ async fn expire_isolating(
     let mut parts = vec![ids];
     while let Some(part) = parts.pop() {
         let now = Millis::now();
-        match ctx
+        let error = match ctx
             .orders
             .expire(&ctx.db, kind, &part, now, Cause::Sweeper)
             .await
         {
             Ok(outcomes) => {
-                for (id, outcome) in &outcomes {
-                    if let ExpiryOutcome::Applied { deadline } = outcome {
-                        caught += 1;
-                        ctx.events
-                            .sweeper_catch(kind, id, now.signed_since(*deadline));
-                        // Committed with its domain event: let the relay publish it.
-                        ctx.relay_wakeup.notify_one();
-                    }
-                }
+                caught += caught_now(ctx, kind, &outcomes, now);
+                continue;
             }
-            Err(e) => {
-                ctx.orders.probe(&ctx.db, kind).await?;
-                if part.len() > 1 {
-                    ctx.events.batch_split(kind, part.len(), &e.to_string());
-                    let (left, right) = part.split_at(part.len() / 2);
-                    parts.push(right.to_vec());
-                    parts.push(left.to_vec());
-                } else {
-                    ctx.events.sweeper_refused(kind, &part[0], &e.to_string());
-                }
-            }
+            Err(e) => e,
+        };
+        ctx.orders.probe(&ctx.db, kind).await?;
+        // The attempt may have committed with its answer lost: what its audit
+        // rows say it applied counts, and is not tried again.
+        let earlier: HashMap<OrderKey, ExpiryOutcome> = ctx
+            .orders
+            .applied_earlier(&ctx.db, kind, &part, &[now], Cause::Sweeper)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(key, (_, outcome))| (key, outcome))
+            .collect();
+        if !earlier.is_empty() {
+            ctx.events.commit_answer_lost(kind, earlier.len());
+            caught += caught_now(ctx, kind, &earlier, now);
+        }
+        let part: Vec<OrderKey> = part
+            .into_iter()
+            .filter(|key| !earlier.contains_key(key))
+            .collect();
+        if part.len() > 1 {
+            ctx.events.batch_split(kind, part.len(), &error.to_string());
+            let (left, right) = part.split_at(part.len() / 2);
+            parts.push(right.to_vec());
+            parts.push(left.to_vec());
+        } else if let Some(key) = part.first() {
+            ctx.events.sweeper_refused(kind, key, &error.to_string());
         }
     }
     Ok(caught)

@@ -21,7 +21,7 @@
 //! Nothing acts early: only orders whose deadline has passed by the clock the
 //! transitions use are taken.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use futures_util::{StreamExt, stream};
@@ -213,26 +213,47 @@ async fn apply(ctx: &Context, kind: TimeoutKind, keys: Vec<OrderKey>, now: Milli
         if part.is_empty() {
             continue;
         }
-        match ctx
+        let outcomes = match ctx
             .orders
             .expire(&ctx.db, kind, &part, now, Cause::Timeout)
             .await
         {
-            Ok(outcomes) => {
-                for (key, outcome) in outcomes {
-                    if let ExpiryOutcome::Applied { deadline } = outcome {
-                        page.applied.push((key, now.signed_since(deadline)));
-                    }
-                }
-            }
+            Ok(outcomes) => outcomes,
             // The database is away: the consumer's own path pauses.
             Err(_) if ctx.orders.probe(&ctx.db, kind).await.is_err() => break,
-            Err(_) if part.len() > 1 => {
-                let (left, right) = part.split_at(part.len() / 2);
-                parts.push(right.to_vec());
-                parts.push(left.to_vec());
+            Err(_) => {
+                // The attempt may have committed with its answer lost: what
+                // its audit rows say it applied counts, and is not tried again.
+                let earlier: HashMap<OrderKey, ExpiryOutcome> = ctx
+                    .orders
+                    .applied_earlier(&ctx.db, kind, &part, &[now], Cause::Timeout)
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(key, (_, outcome))| (key, outcome))
+                    .collect();
+                if !earlier.is_empty() {
+                    ctx.events.commit_answer_lost(kind, earlier.len());
+                }
+                let rest: Vec<OrderKey> = part
+                    .iter()
+                    .filter(|key| !earlier.contains_key(*key))
+                    .cloned()
+                    .collect();
+                if rest.len() > 1 {
+                    let (left, right) = rest.split_at(rest.len() / 2);
+                    parts.push(right.to_vec());
+                    parts.push(left.to_vec());
+                } else if let Some(key) = rest.first() {
+                    page.refused.push(key.clone());
+                }
+                earlier
             }
-            Err(_) => page.refused.push(part[0].clone()),
+        };
+        for (key, outcome) in outcomes {
+            if let ExpiryOutcome::Applied { deadline } = outcome {
+                page.applied.push((key, now.signed_since(deadline)));
+            }
         }
     }
     page

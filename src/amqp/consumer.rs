@@ -44,7 +44,7 @@ const FLOWING: Duration = Duration::from_millis(50);
 /// delivery is parked.
 const ISOLATED_ATTEMPTS: u32 = 3;
 
-/// Failed attempts of a batch remembered, for [`KindConsumer::applied_earlier`].
+/// Failed attempts of a batch remembered, for [`crate::orders::Orders::recovered`].
 const MAX_FAILED_ATTEMPTS: usize = 64;
 
 /// Runs the consumers of every kind on one connection until shutdown or failure.
@@ -359,7 +359,14 @@ impl KindConsumer {
                         // Committed with their domain events: let the relay publish them.
                         self.ctx.relay_wakeup.notify_one();
                     }
-                    let recovered = self.applied_earlier(&outcomes, &failed).await;
+                    let recovered = orders
+                        .recovered(&self.ctx.db, self.kind, &outcomes, &failed, Cause::Timeout)
+                        .await;
+                    if !recovered.is_empty() {
+                        self.ctx
+                            .events
+                            .commit_answer_lost(self.kind, recovered.len());
+                    }
                     decided.merge(outcomes, now);
                     for (key, (at, outcome)) in recovered {
                         decided.merge(HashMap::from([(key, outcome)]), at);
@@ -398,38 +405,6 @@ impl KindConsumer {
                 suspects.push((part, refusals + 1));
             }
         }
-    }
-
-    /// After failed attempts: the orders a retry found not applicable that
-    /// one of those attempts applied after all (its commit's answer lost),
-    /// by the audit row it committed. They count as applied, once, as the
-    /// database holds them. A database error here leaves them not applicable.
-    async fn applied_earlier(
-        &self,
-        outcomes: &HashMap<OrderKey, ExpiryOutcome>,
-        failed: &[Millis],
-    ) -> HashMap<OrderKey, (Millis, ExpiryOutcome)> {
-        if failed.is_empty() {
-            return HashMap::new();
-        }
-        let moved: Vec<OrderKey> = outcomes
-            .iter()
-            .filter(|(_, o)| matches!(o, ExpiryOutcome::Inapplicable { .. }))
-            .map(|(key, _)| key.clone())
-            .collect();
-        if moved.is_empty() {
-            return HashMap::new();
-        }
-        let found = self
-            .ctx
-            .orders
-            .applied_earlier(&self.ctx.db, self.kind, &moved, failed, Cause::Timeout)
-            .await
-            .unwrap_or_default();
-        if !found.is_empty() {
-            self.ctx.events.commit_answer_lost(self.kind, found.len());
-        }
-        found
     }
 
     /// Acks, holds, re-delays or parks each delivery as the database decided.

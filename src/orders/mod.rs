@@ -119,6 +119,32 @@ impl Orders {
         }
     }
 
+    /// After failed attempts of a batch (`failed`: their clock readings), the
+    /// orders among the retry's `outcomes` found no longer applicable that
+    /// one of those attempts applied after all, its commit's answer lost
+    /// ([`Orders::applied_earlier`]): what is counted is then what the
+    /// database holds. A database error here leaves them as they were.
+    pub async fn recovered(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        outcomes: &HashMap<OrderKey, ExpiryOutcome>,
+        failed: &[Millis],
+        cause: Cause,
+    ) -> HashMap<OrderKey, (Millis, ExpiryOutcome)> {
+        let moved: Vec<OrderKey> = outcomes
+            .iter()
+            .filter(|(_, o)| matches!(o, ExpiryOutcome::Inapplicable { .. }))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if failed.is_empty() || moved.is_empty() {
+            return HashMap::new();
+        }
+        self.applied_earlier(db, kind, &moved, failed, cause)
+            .await
+            .unwrap_or_default()
+    }
+
     /// Whether the database accepts a transition of `kind` at all (see
     /// [`store::probe`]).
     pub async fn probe(&self, db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {

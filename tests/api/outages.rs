@@ -454,3 +454,42 @@ async fn a_lost_commit_answer_still_counts_applied_plugin() {
     )
     .await
 }
+
+/// The same for the sweeper: its transaction commits and the answer is lost;
+/// the order is no longer overdue for the next sweep, and is counted as
+/// caught all the same, from the audit row the lost commit wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_answer_still_counts_the_sweepers_catch() {
+    let (port, cuts) = commit_cutter(b"UPDATE \"orders\"", b"INSERT INTO \"order_events\"").await;
+    let app = spawn_app(
+        Spawn::new(Backend::Postgres, DelayMode::Ttl)
+            .database_port(port)
+            // No timer is published: the sweeper alone closes the order.
+            .env("ORDER_TIMEOUT__RELAY__ENABLED", "false")
+            .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
+            .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "300ms")
+            .env("ORDER_TIMEOUT__SWEEPER__GRACE", "500ms"),
+    )
+    .await;
+    app.put_stock("A", 3).await;
+    let id = app.order(&[("A", 2)], "1s").await;
+    app.wait_status(&id, "cancelled", Duration::from_secs(30))
+        .await;
+    assert_cancelled_once(&app, std::slice::from_ref(&id)).await;
+    assert!(cuts.load(Ordering::SeqCst) >= 1, "no commit was cut");
+    let catches = "order_timeout_sweeper_catches_total";
+    let until = Instant::now() + Duration::from_secs(10);
+    while app.metric(catches, &[]).await < 1.0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        app.metric(catches, &[]).await,
+        1.0,
+        "{}",
+        app.metrics().await
+    );
+    assert_eq!(
+        app.stock("A").await,
+        json!({"sku": "A", "available": 3, "reserved": 0, "sold": 0})
+    );
+}
