@@ -123,14 +123,10 @@ async fn expire_isolating(
         ctx.orders.probe(&ctx.db, kind).await?;
         // The attempt may have committed with its answer lost: what its audit
         // rows say it applied counts, and is not tried again.
-        let earlier: HashMap<OrderKey, ExpiryOutcome> = ctx
+        let earlier = ctx
             .orders
-            .applied_earlier(&ctx.db, kind, &part, &[now], Cause::Sweeper)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(key, (_, outcome))| (key, outcome))
-            .collect();
+            .applied_by(&ctx.db, kind, &part, now, Cause::Sweeper)
+            .await;
         if !earlier.is_empty() {
             ctx.events.commit_answer_lost(kind, earlier.len());
             caught += caught_now(ctx, kind, &earlier, now);

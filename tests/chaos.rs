@@ -25,8 +25,8 @@ use tokio::sync::Mutex;
 mod ledger;
 
 use ledger::{
-    Placed, SKUS, admin, checkout, ends, env_or, outbox_rows, put_stock, settle, stock_check,
-    write_section,
+    Placed, SKUS, admin, checkout, ends, env_or, migrate, outbox_rows, put_stock, settle,
+    stock_check, write_section,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
@@ -154,12 +154,7 @@ async fn setup() -> World {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    let status = Command::new(BIN)
-        .args(["migrate", "up"])
-        .envs(&env)
-        .status()
-        .unwrap();
-    assert!(status.success(), "migrate");
+    migrate(BIN, &env);
     let ports = (0..2)
         .map(|_| order_timeout_harness::free_port().unwrap())
         .collect();

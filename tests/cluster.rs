@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::{
-    Placed, SKUS, admin, checkout, ends, env_or, outbox_rows, percentiles, put_stock, settle,
-    stock_check, write_section,
+    Placed, SKUS, admin, checkout, ends, env_or, get_json, migrate, outbox_rows, percentiles,
+    put_stock, settle, stock_check, write_section,
 };
 use order_timeout_harness::{Management, Process, Serve};
 use serde_json::Value;
@@ -252,12 +252,7 @@ async fn setup() -> World {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    let status = Command::new(BIN)
-        .args(["migrate", "up"])
-        .envs(&env)
-        .status()
-        .unwrap();
-    assert!(status.success(), "migrate");
+    migrate(BIN, &env);
     let port = || order_timeout_harness::free_port().unwrap();
     World {
         vhost,
@@ -273,15 +268,7 @@ async fn setup() -> World {
 
 /// The node each broker connection of instance `i` is on, from its `/readyz`.
 async fn connected_nodes(world: &World, i: usize) -> String {
-    let ready: Value = world
-        .client
-        .get(format!("{}/readyz", world.base(i)))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready = get_json(&world.client, &format!("{}/readyz", world.base(i))).await;
     let nodes = &ready["broker"]["nodes"];
     ["relay", "router", "consumer"]
         .iter()
@@ -292,15 +279,7 @@ async fn connected_nodes(world: &World, i: usize) -> String {
 
 /// The node instance a's relay is connected to.
 async fn relay_node(world: &World) -> usize {
-    let ready: Value = world
-        .client
-        .get(format!("{}/readyz", world.base(0)))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ready = get_json(&world.client, &format!("{}/readyz", world.base(0))).await;
     let at = ready["broker"]["nodes"]["relay"]
         .as_str()
         .unwrap_or_default();

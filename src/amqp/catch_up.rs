@@ -21,7 +21,7 @@
 //! Nothing acts early: only orders whose deadline has passed by the clock the
 //! transitions use are taken.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use futures_util::{StreamExt, stream};
@@ -224,14 +224,10 @@ async fn apply(ctx: &Context, kind: TimeoutKind, keys: Vec<OrderKey>, now: Milli
             Err(_) => {
                 // The attempt may have committed with its answer lost: what
                 // its audit rows say it applied counts, and is not tried again.
-                let earlier: HashMap<OrderKey, ExpiryOutcome> = ctx
+                let earlier = ctx
                     .orders
-                    .applied_earlier(&ctx.db, kind, &part, &[now], Cause::Timeout)
-                    .await
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(key, (_, outcome))| (key, outcome))
-                    .collect();
+                    .applied_by(&ctx.db, kind, &part, now, Cause::Timeout)
+                    .await;
                 if !earlier.is_empty() {
                     ctx.events.commit_answer_lost(kind, earlier.len());
                 }

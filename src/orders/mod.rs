@@ -145,6 +145,26 @@ impl Orders {
             .unwrap_or_default()
     }
 
+    /// After one failed attempt at `attempt` (the database answering again):
+    /// what it applied after all among `keys`, its commit's answer lost, by
+    /// its audit rows; `Applied` with the deadline each. A database error
+    /// here finds nothing.
+    pub async fn applied_by(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &[OrderKey],
+        attempt: Millis,
+        cause: Cause,
+    ) -> HashMap<OrderKey, ExpiryOutcome> {
+        self.applied_earlier(db, kind, keys, &[attempt], cause)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(key, (_, outcome))| (key, outcome))
+            .collect()
+    }
+
     /// Whether the database accepts a transition of `kind` at all (see
     /// [`store::probe`]).
     pub async fn probe(&self, db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {

@@ -40,6 +40,28 @@ pub struct Placed {
     pub paid: bool,
 }
 
+/// GET a JSON document.
+pub async fn get_json(client: &reqwest::Client, url: &str) -> Value {
+    client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+/// Migrates a database with the service's own `migrate up`, in `env`.
+pub fn migrate(bin: &str, env: &HashMap<String, String>) {
+    let status = std::process::Command::new(bin)
+        .args(["migrate", "up"])
+        .envs(env)
+        .status()
+        .unwrap();
+    assert!(status.success(), "migrate");
+}
+
 /// Puts every SKU's stock on sale.
 pub async fn put_stock(client: &reqwest::Client, base: &str) {
     for sku in SKUS {
@@ -210,14 +232,7 @@ pub async fn stock_check(
     let mut stock_ok = true;
     let mut stock_lines = Vec::new();
     for sku in SKUS {
-        let s: Value = client
-            .get(format!("{base}/inventory/{sku}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let s = get_json(client, &format!("{base}/inventory/{sku}")).await;
         let (a, r, so) = (
             s["available"].as_i64().unwrap(),
             s["reserved"].as_i64().unwrap(),
