@@ -410,15 +410,13 @@ async fn a_lost_commit_answer_still_counts_applied(backend: Backend, mode: Delay
 /// The one timeout of the test counted `applied`, never `not_applicable`.
 pub async fn assert_counted_applied_once(app: &TestApp) {
     let applied = "outcome=\"applied\"";
-    let until = Instant::now() + Duration::from_secs(10);
-    while app
-        .metric("order_timeout_timeouts_handled_total", &[applied])
-        .await
-        < 1.0
-        && Instant::now() < until
-    {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until(Duration::from_secs(10), "the timeout counted", || async {
+        (app.metric("order_timeout_timeouts_handled_total", &[applied])
+            .await
+            >= 1.0)
+            .then_some(())
+    })
+    .await;
     assert_eq!(
         (
             app.metric("order_timeout_timeouts_handled_total", &[applied])
@@ -478,10 +476,12 @@ async fn a_lost_commit_answer_still_counts_the_sweepers_catch() {
     assert_cancelled_once(&app, std::slice::from_ref(&id)).await;
     assert!(cuts.load(Ordering::SeqCst) >= 1, "no commit was cut");
     let catches = "order_timeout_sweeper_catches_total";
-    let until = Instant::now() + Duration::from_secs(10);
-    while app.metric(catches, &[]).await < 1.0 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until(
+        Duration::from_secs(10),
+        "the sweeper's catch counted",
+        || async { (app.metric(catches, &[]).await >= 1.0).then_some(()) },
+    )
+    .await;
     assert_eq!(
         app.metric(catches, &[]).await,
         1.0,

@@ -373,14 +373,15 @@ async fn least_privilege(backend: Backend, mode: DelayMode) {
     )
     .await
     .expect("the publishers' user publishes to the entry exchange");
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    let parked = loop {
-        let parked = app.drain_parked().await;
-        if !parked.is_empty() || std::time::Instant::now() > until {
-            break parked;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let parked = wait_until(
+        Duration::from_secs(20),
+        "the publisher's message parked",
+        || async {
+            let parked = app.drain_parked().await;
+            (!parked.is_empty()).then_some(parked)
+        },
+    )
+    .await;
     assert_eq!(parked.len(), 1, "{parked:?}");
     assert_eq!(parked[0].0, "unknown_order");
 
