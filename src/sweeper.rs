@@ -123,18 +123,14 @@ async fn expire_isolating(
         ctx.orders.probe(&ctx.db, kind).await?;
         // The attempt may have committed with its answer lost: what its audit
         // rows say it applied counts, and is not tried again.
-        let earlier = ctx
+        let (earlier, part) = ctx
             .orders
-            .applied_by(&ctx.db, kind, &part, now, Cause::Sweeper)
+            .applied_by(&ctx.db, kind, part, now, Cause::Sweeper)
             .await;
         if !earlier.is_empty() {
             ctx.events.commit_answer_lost(kind, earlier.len());
             caught += caught_now(ctx, kind, &earlier, now);
         }
-        let part: Vec<OrderKey> = part
-            .into_iter()
-            .filter(|key| !earlier.contains_key(key))
-            .collect();
         if part.len() > 1 {
             ctx.events.batch_split(kind, part.len(), &error.to_string());
             let (left, right) = part.split_at(part.len() / 2);

@@ -224,18 +224,13 @@ async fn apply(ctx: &Context, kind: TimeoutKind, keys: Vec<OrderKey>, now: Milli
             Err(_) => {
                 // The attempt may have committed with its answer lost: what
                 // its audit rows say it applied counts, and is not tried again.
-                let earlier = ctx
+                let (earlier, rest) = ctx
                     .orders
-                    .applied_by(&ctx.db, kind, &part, now, Cause::Timeout)
+                    .applied_by(&ctx.db, kind, part, now, Cause::Timeout)
                     .await;
                 if !earlier.is_empty() {
                     ctx.events.commit_answer_lost(kind, earlier.len());
                 }
-                let rest: Vec<OrderKey> = part
-                    .iter()
-                    .filter(|key| !earlier.contains_key(*key))
-                    .cloned()
-                    .collect();
                 if rest.len() > 1 {
                     let (left, right) = rest.split_at(rest.len() / 2);
                     parts.push(right.to_vec());

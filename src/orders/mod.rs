@@ -132,12 +132,16 @@ impl Orders {
         failed: &[Millis],
         cause: Cause,
     ) -> HashMap<OrderKey, (Millis, ExpiryOutcome)> {
+        // Every batch passes here: nothing to look at unless an attempt failed.
+        if failed.is_empty() {
+            return HashMap::new();
+        }
         let moved: Vec<OrderKey> = outcomes
             .iter()
             .filter(|(_, o)| matches!(o, ExpiryOutcome::Inapplicable { .. }))
             .map(|(key, _)| key.clone())
             .collect();
-        if failed.is_empty() || moved.is_empty() {
+        if moved.is_empty() {
             return HashMap::new();
         }
         self.applied_earlier(db, kind, &moved, failed, cause)
@@ -147,22 +151,28 @@ impl Orders {
 
     /// After one failed attempt at `attempt` (the database answering again):
     /// what it applied after all among `keys`, its commit's answer lost, by
-    /// its audit rows; `Applied` with the deadline each. A database error
-    /// here finds nothing.
+    /// its audit rows; `Applied` with the deadline each. And the keys it did
+    /// not apply, still to decide. A database error here finds nothing.
     pub async fn applied_by(
         &self,
         db: &DatabaseConnection,
         kind: TimeoutKind,
-        keys: &[OrderKey],
+        keys: Vec<OrderKey>,
         attempt: Millis,
         cause: Cause,
-    ) -> HashMap<OrderKey, ExpiryOutcome> {
-        self.applied_earlier(db, kind, keys, &[attempt], cause)
+    ) -> (HashMap<OrderKey, ExpiryOutcome>, Vec<OrderKey>) {
+        let applied: HashMap<OrderKey, ExpiryOutcome> = self
+            .applied_earlier(db, kind, &keys, &[attempt], cause)
             .await
             .unwrap_or_default()
             .into_iter()
             .map(|(key, (_, outcome))| (key, outcome))
-            .collect()
+            .collect();
+        let rest = keys
+            .into_iter()
+            .filter(|key| !applied.contains_key(key))
+            .collect();
+        (applied, rest)
     }
 
     /// Whether the database accepts a transition of `kind` at all (see
