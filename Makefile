@@ -1,7 +1,7 @@
 # order-timeout: the commands a developer and CI run. `.ci/run` calls `make test`.
 #
 #   make run     start the service on its defaults (SQLite file here, local broker)
-#   make demo    watch orders being paid and cancelled live (needs only RabbitMQ)
+#   make demo    watch orders being paid and cancelled live (a local RabbitMQ: rabbitmqctl, management API on 15672)
 #   make test    lint, unit and integration tests against the real services
 #   make test-broker TEST_BROKER=amqp://… TEST_MANAGEMENT=http://…/api
 #                the core scenarios and publisher examples against another broker
@@ -116,10 +116,16 @@ tools:
 	@command -v socat >/dev/null || (apt-get update -qq && apt-get install -y -qq socat)
 	@command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq openssl)
 
-# Client libraries of the publisher examples, from their registries.
-# Each is redone only when its lock or requirements file changes.
+# Client libraries of the publisher examples: pika and amqplib from their
+# registries, each redone only when its lock or requirements file changes; Go,
+# Java and PHP with their AMQP clients from Debian, installed only when missing.
 NODE_EXAMPLE := rabbitmq/examples/node
+EXAMPLE_PACKAGES := golang-go golang-github-rabbitmq-amqp091-go-dev default-jdk-headless librabbitmq-client-java php-cli php-amqplib
 examples-deps: $(VENV)/.installed $(NODE_EXAMPLE)/node_modules/.installed
+	@(command -v go && test -d /usr/share/gocode/src/github.com/rabbitmq/amqp091-go \
+		&& command -v javac && test -f /usr/share/java/amqp-client.jar \
+		&& command -v php && test -f /usr/share/php/PhpAmqpLib/autoload.php) >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq $(EXAMPLE_PACKAGES))
 
 $(NODE_EXAMPLE)/node_modules/.installed: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
 	npm ci --prefix $(NODE_EXAMPLE) --no-audit --no-fund --loglevel=error

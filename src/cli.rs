@@ -1,8 +1,8 @@
-//! The command line: `serve`, `migrate`, `doctor`, `schedule` and `demo`. Each parses its
-//! arguments, loads the settings (a wrong value stops here, naming its key) and
-//! calls the library.
+//! The command line: `serve`, `migrate`, `doctor`, `config`, `schedule` and
+//! `demo`. Each parses its arguments, loads the settings (a wrong value stops
+//! here, naming its key) and calls the library.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::{self, topology::Names, wire};
 use crate::app::Application;
 use crate::domain::{Millis, OrderKey, TimeoutKind};
-use crate::settings::{OrdersSource, Settings, SettingsSource, parse_window};
+use crate::settings::{OrdersSource, Settings, SettingsSource, defaults_file, parse_window};
 use crate::{db, doctor, telemetry};
 
 /// Closes e-commerce orders whose deadline passed: RabbitMQ keeps the deadlines, the database decides.
@@ -46,6 +46,13 @@ pub enum Command {
     },
     /// Check settings, database, broker, plugin and topology; exit non-zero on a problem.
     Doctor,
+    /// Print the settings in effect (defaults, file, environment) as a TOML
+    /// settings file, secrets redacted.
+    Config {
+        /// Print the built-in defaults instead (config/order-timeout.toml).
+        #[arg(long)]
+        defaults: bool,
+    },
     /// Watch it work: a few orders on a temporary database, some paid, the rest
     /// cancelled live at their deadlines (needs only the broker).
     Demo,
@@ -77,6 +84,11 @@ pub enum MigrateAction {
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Config { defaults: true } = cli.command {
+        // The defaults alone: no file or environment is read, so a wrong
+        // value elsewhere cannot keep the reference from printing.
+        return print_out(&defaults_file());
+    }
     let source = SettingsSource {
         file: cli.config.clone(),
         env: None,
@@ -115,6 +127,7 @@ pub fn main() -> ExitCode {
             }
             Command::Migrate { action } => migrate(settings, action).await,
             Command::Doctor => Ok(doctor::run(&settings).await),
+            Command::Config { .. } => Ok(print_out(&settings.to_toml())),
             Command::Demo => crate::demo::run(settings).await,
             Command::Schedule {
                 order_id,
@@ -127,6 +140,22 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("order-timeout: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes `text` to standard output; a closed pipe (`| head`) is an error
+/// said in one line, not a panic.
+fn print_out(text: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("order-timeout: cannot write to standard output: {e}");
             ExitCode::FAILURE
         }
     }

@@ -101,7 +101,7 @@ async fn check_database(report: &mut Report, settings: &Settings) {
         if state.set_aside > 0 {
             report.warn(
                 "events outbox",
-                format!("{line} (README, Events: putting them back)"),
+                format!("{line} (docs/wire-contract.md, Events: putting them back)"),
             );
         } else {
             report.ok("events outbox", line);
@@ -282,7 +282,7 @@ impl Found {
                 format!(
                     "{} declared by an earlier version without an alternate or dead-letter exchange into {}: \
                      a message that finds no queue there is dropped instead of parked. The service works as it is; \
-                     add them with the policies in the README (Upgrading from the previous version): {}",
+                     add them with the policies in UPGRADING.md: {}",
                     self.earlier.len(),
                     names.parked(),
                     self.earlier.join(", ")

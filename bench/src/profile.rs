@@ -19,7 +19,7 @@ use order_timeout::domain::TimeoutKind;
 /// How often the drain is sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
-/// The burst rate the issue asks for, cancels per second.
+/// The burst rate aimed for, cancels per second.
 pub const TARGET_BURST_PER_S: f64 = 10_000.0;
 
 /// Who used the CPU.

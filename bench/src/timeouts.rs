@@ -21,7 +21,7 @@ use crate::profile;
 use crate::report::{self, Measured};
 use order_timeout::domain::Millis;
 
-/// The checkout rate the issue asks for (PostgreSQL), orders per second.
+/// The checkout rate aimed for (PostgreSQL), orders per second.
 const TARGET_CHECKOUT_PER_S: f64 = 3_000.0;
 
 /// The burst and steady scenario.

@@ -216,7 +216,9 @@ pub fn header_int(headers: Option<&FieldTable>, name: &str) -> Option<Result<i64
         AMQPValue::LongInt(v) => Ok(i64::from(*v)),
         AMQPValue::LongUInt(v) => Ok(i64::from(*v)),
         AMQPValue::LongLongInt(v) => Ok(*v),
-        AMQPValue::Timestamp(v) => i64::try_from(*v).map_err(|_| format!("{v} is too large")),
+        AMQPValue::Timestamp(v) => {
+            i64::try_from(*v).map_err(|_| format!("{name} is {v}, beyond a signed 64-bit integer"))
+        }
         other => Err(format!(
             "{name} must be an integer, got {}",
             describe_value(other)
@@ -234,6 +236,18 @@ fn describe_value(value: &AMQPValue) -> String {
         AMQPValue::Float(f) => format!("the float {f}"),
         AMQPValue::Double(f) => format!("the float {f}"),
         AMQPValue::Boolean(b) => format!("the boolean {b}"),
+        AMQPValue::DecimalValue(d) => {
+            // value × 10^-scale, written out with its decimal point.
+            let scale = usize::from(d.scale);
+            let digits = format!("{:0>width$}", d.value, width = scale + 1);
+            let (whole, fraction) = digits.split_at(digits.len() - scale);
+            if fraction.is_empty() {
+                format!("the decimal {whole}")
+            } else {
+                format!("the decimal {whole}.{fraction}")
+            }
+        }
+        AMQPValue::Void => "no value (void)".to_string(),
         other => format!("a value of type {:?}", other.get_type()),
     }
 }
@@ -576,6 +590,60 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn says_what_x_delay_holds_when_it_is_no_integer() {
+        use lapin::types::DecimalValue;
+        let detail = |v: AMQPValue| publish_delay(Some(&table(v))).unwrap_err().detail;
+        let decimal = |scale, value| AMQPValue::DecimalValue(DecimalValue { scale, value });
+        for (value, says) in [
+            (AMQPValue::LongString("2000".into()), "the string '2000'"),
+            (AMQPValue::Float(2000.0), "the float 2000"),
+            (AMQPValue::Double(2000.5), "the float 2000.5"),
+            (decimal(1, 20000), "the decimal 2000.0"),
+            (decimal(3, 5), "the decimal 0.005"),
+            (decimal(0, 2000), "the decimal 2000"),
+            (AMQPValue::Boolean(false), "the boolean false"),
+            (AMQPValue::Void, "no value (void)"),
+            (
+                AMQPValue::FieldTable(FieldTable::default()),
+                "a value of type FieldTable",
+            ),
+        ] {
+            assert_eq!(
+                detail(value),
+                format!("x-delay must be an integer, got {says}")
+            );
+        }
+        assert_eq!(
+            detail(AMQPValue::Timestamp(u64::MAX)),
+            "x-delay is 18446744073709551615, beyond a signed 64-bit integer"
+        );
+    }
+
+    #[test]
+    fn reads_every_integer_width() {
+        for value in [
+            AMQPValue::ShortShortInt(100),
+            AMQPValue::ShortShortUInt(100),
+            AMQPValue::ShortInt(100),
+            AMQPValue::ShortUInt(100),
+            AMQPValue::LongInt(100),
+            AMQPValue::LongUInt(100),
+            AMQPValue::LongLongInt(100),
+            AMQPValue::Timestamp(100),
+        ] {
+            assert_eq!(
+                publish_delay(Some(&table(value.clone()))),
+                Ok(100),
+                "{value:?}"
+            );
+        }
+        assert_eq!(
+            publish_delay(Some(&table(AMQPValue::LongUInt(u32::MAX)))),
+            Ok(MAX_DELAY_MS)
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //!
 //! The body is built here, at insert, and stored whole: what goes out is what
 //! the transaction saw, whichever version of the service relays it. Its shape
-//! is the wire contract v1 for events (README, "Events"):
+//! is the wire contract v1 for events (docs/wire-contract.md, "Events"):
 //!
 //! ```json
 //! {"version":1,"event":"cancelled","order_id":"42","at":"2026-11-30T05:30:00.004Z",

@@ -51,8 +51,8 @@ pub async fn connect_pools(
 ///
 /// SQLite gets WAL (readers never block the writer), `synchronous = NORMAL`
 /// (no fsync per commit: a process crash loses nothing, but a power cut or OS
-/// crash may take back the last commits; the README says what that means),
-/// foreign keys, a busy timeout,
+/// crash may take back the last commits; docs/operations.md, "Choosing the
+/// database", says what that means), foreign keys, a busy timeout,
 /// and a single pooled connection: SQLite has one writer anyway, and one
 /// connection means no `database is locked` between our own transactions.
 /// The service's two pools are two writers on one file: the busy timeout makes
@@ -117,8 +117,8 @@ pub async fn migrate_for(db: &DatabaseConnection, owned: bool) -> Result<(), DbE
             DbErr::Migration(format!(
                 "the role of database.url may not change the schema ({text}): run the migrations \
                  as the role that owns the schema (`order-timeout migrate up` with its URL), and \
-                 serve with database.migrate_on_start = false (README: least privilege on the \
-                 database)"
+                 serve with database.migrate_on_start = false (docs/operations.md: least privilege \
+                 on the database)"
             ))
         } else {
             e

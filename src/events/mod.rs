@@ -288,11 +288,11 @@ impl Events {
         let (gauge, what) = match outbox {
             Outbox::Timeouts => (
                 &self.m.outbox_set_aside,
-                "outbox rows set aside: no relay publishes them again (the sweeper still applies their timeouts); see the README to put them back",
+                "outbox rows set aside: no relay publishes them again (the sweeper still applies their timeouts); docs/operations.md (Outbox rows set aside) says how to put them back",
             ),
             Outbox::Events => (
                 &self.m.events_set_aside,
-                "domain events set aside: no relay publishes them again until an operator puts them back (README, Events)",
+                "domain events set aside: no relay publishes them again until an operator puts them back (docs/wire-contract.md, Events)",
             ),
         };
         gauge.inc_by(ids.len() as i64);
@@ -355,7 +355,7 @@ impl Events {
     pub fn earlier_topology(&self, names: &[String]) {
         tracing::warn!(
             names = %names.join(", "),
-            "declared by an earlier version without an alternate or dead-letter exchange into parked:              a message that finds no queue there is dropped instead of parked;              `order-timeout doctor` and the README (Upgrading) say how to add them"
+            "declared by an earlier version without an alternate or dead-letter exchange into parked:              a message that finds no queue there is dropped instead of parked;              `order-timeout doctor` and UPGRADING.md say how to add them"
         );
     }
 

@@ -1,8 +1,9 @@
 //! The table of settings: every key once, with its built-in default (and why
 //! it is what it is), how its text is read into its field of [`Settings`], and
-//! how `doctor` shows it. The defaults layer, the known-key check, parsing and
-//! [`Settings::describe`] all come from here, so a new key is one entry here
-//! and its field.
+//! how `doctor` shows it, and its one-line description for an operator. The
+//! defaults layer, the known-key check, parsing, [`Settings::describe`] and the
+//! settings file (`config/order-timeout.toml`, `order-timeout config`) all
+//! come from here, so a new key is one entry here and its field.
 
 use super::*;
 
@@ -10,6 +11,10 @@ use super::*;
 pub(super) struct Key {
     /// The dotted name; the environment spells `amqp.url` `ORDER_TIMEOUT__AMQP__URL`.
     pub name: &'static str,
+    /// One line for an operator: what it does, its unit or allowed values. It
+    /// is the key's comment in `config/order-timeout.toml` and in what
+    /// `order-timeout config` prints.
+    pub doc: &'static str,
     /// The built-in default, written as a file or the environment would write it.
     pub default: &'static str,
     /// Parses the merged layers' text for `name` (the first argument, for
@@ -18,15 +23,25 @@ pub(super) struct Key {
     /// The value as `doctor` shows it: a secret only ever redacted, which its
     /// type ([`Secret`]) sees to.
     pub show: fn(&Settings) -> String,
+    /// Whether the key's text is a secret, and how its [`Secret`] hides it
+    /// when printed as written (`order-timeout config`): `Secret::new` shows
+    /// a URL without its password, `Secret::opaque` nothing at all.
+    pub secret: Option<fn(String) -> Secret>,
 }
 
 /// A section's keys, and what must hold across them once all are read.
 pub(super) struct Section {
+    /// One line saying what the section is about, above it in the file.
+    pub doc: &'static str,
     /// In the order they are parsed (so the first wrong one is reported) and
     /// `doctor` prints them.
     pub keys: &'static [Key],
     /// Checks across keys, run right after the section's last key is read.
     pub check: Option<Check>,
+    /// Whether giving a key at all is a choice, even with its default value:
+    /// the file ships such keys commented out (`mapping.*` is refused unless
+    /// `orders.source` is mapped).
+    pub opt_in: bool,
 }
 
 /// What must hold across keys, given all of them read (see `checks.rs`).
@@ -35,44 +50,64 @@ pub(super) type Check = fn(&Settings) -> Result<(), SettingsError>;
 /// Every section, in the order they are read and shown.
 pub(super) const SECTIONS: &[Section] = &[
     Section {
+        doc: "The database: the service's own tables, or a shop's when orders.source is mapped.",
         keys: DATABASE,
         check: None,
+        opt_in: false,
     },
     Section {
+        doc: "The broker, RabbitMQ: where the timers wait until their deadline.",
         keys: AMQP,
         check: None,
+        opt_in: false,
     },
     Section {
+        doc: "The HTTP API: checkout, the buyer's and the shop's actions, health and metrics.",
         keys: HTTP,
         check: Some(check_http),
+        opt_in: false,
     },
     Section {
+        doc: "How long each stage of an order may take: 1ms to 49d, written like 250ms, 30s, 15m, 2h or 7d.",
         keys: WINDOWS,
         check: Some(check_windows),
+        opt_in: false,
     },
     Section {
+        doc: "The timeout consumers, which apply due timeouts in the database.",
         keys: CONSUMER,
         check: None,
+        opt_in: false,
     },
     Section {
+        doc: "The outbox relay, which publishes committed timeouts and events to the broker.",
         keys: RELAY,
         check: None,
+        opt_in: false,
     },
     Section {
+        doc: "The sweeper, the safety net: applies the timeouts of orders overdue by more than a grace period.",
         keys: SWEEPER,
         check: None,
+        opt_in: false,
     },
     Section {
+        doc: "Logging, to standard error.",
         keys: LOG,
         check: None,
+        opt_in: false,
     },
     Section {
+        doc: "Whose orders the timeouts act on.",
         keys: ORDERS,
         check: None,
+        opt_in: false,
     },
     Section {
+        doc: "A shop's own orders table, for orders.source = \"mapped\" (see config/mall.toml); refused otherwise.",
         keys: MAPPING,
         check: Some(check_mapping),
+        opt_in: true,
     },
 ];
 
@@ -106,6 +141,7 @@ const DAY: Duration = Duration::from_secs(86_400);
 const DATABASE: &[Key] = &[
     Key {
         name: "database.url",
+        doc: "Where orders live: sqlite://FILE?mode=rwc, postgres://USER:PASS@HOST/DB, mysql:// (MariaDB too).",
         default: "sqlite://order-timeout.db?mode=rwc",
         read: |k, v, s| {
             set(
@@ -114,15 +150,19 @@ const DATABASE: &[Key] = &[
             )
         },
         show: |s| s.database.url.redacted(),
+        secret: Some(Secret::new),
     },
     Key {
         name: "database.max_connections",
+        doc: "Connections of the HTTP API's pool, 1 to 1000 (SQLite: always 1).",
         default: "10",
         read: |k, v, s| set(&mut s.database.max_connections, parse_range(k, v, 1, 1000)),
         show: |s| s.database.max_connections.to_string(),
+        secret: None,
     },
     Key {
         name: "database.background_connections",
+        doc: "Connections of the consumers', relay's and sweeper's own pool, 1 to 1000 (SQLite: always 1).",
         // The consumers, relay and sweeper get their own pool, so a flood of
         // requests cannot starve the timeouts of connections (SQLite: one each).
         default: "5",
@@ -133,30 +173,38 @@ const DATABASE: &[Key] = &[
             )
         },
         show: |s| s.database.background_connections.to_string(),
+        secret: None,
     },
     Key {
         name: "database.migrate_on_start",
+        doc: "Whether `serve` applies pending migrations at start (false: run `order-timeout migrate` yourself).",
         default: "true",
         read: |k, v, s| set(&mut s.database.migrate_on_start, parse_bool(k, v)),
         show: |s| s.database.migrate_on_start.to_string(),
+        secret: None,
     },
 ];
 
 const AMQP: &[Key] = &[
     Key {
         name: "amqp.url",
+        doc: "Broker URL, amqp://USER:PASSWORD@HOST:PORT/VHOST or amqps://…; a cluster's nodes comma-separated.",
         default: "amqp://guest:guest@127.0.0.1:5672/%2f",
         read: |k, v, s| set(&mut s.amqp.url, parse_amqp_url(k, v).map(Secret::new)),
         show: |s| s.amqp.url.redacted(),
+        secret: Some(Secret::new),
     },
     Key {
         name: "amqp.prefix",
+        doc: "Name of the entry exchange; every other exchange and queue is PREFIX.ROLE (A-Z a-z 0-9 . - _ :).",
         default: "order.timeouts",
         read: |k, v, s| set(&mut s.amqp.prefix, parse_prefix(k, v)),
         show: |s| s.amqp.prefix.clone(),
+        secret: None,
     },
     Key {
         name: "amqp.delay_mode",
+        doc: "Where timers wait: plugin (x-delayed-message exchange), ttl (TTL queues), or auto (plugin if on).",
         default: "auto",
         read: |k, v, s| {
             set(
@@ -165,26 +213,32 @@ const AMQP: &[Key] = &[
             )
         },
         show: |s| s.amqp.delay_mode.as_str().to_string(),
+        secret: None,
     },
     Key {
         name: "amqp.prefetch",
+        doc: "Unacked deliveries per timeout consumer, 1 to 65535; keep it above rate × consumer.hold_max.",
         // Early messages (up to `consumer.hold_max`) are held unacked, so prefetch
         // must exceed rate × hold: 10,000 carries 10,000/s with a 1 s hold.
         default: "10000",
         read: |k, v, s| set(&mut s.amqp.prefetch, parse_range(k, v, 1, 65535)),
         show: |s| s.amqp.prefetch.to_string(),
+        secret: None,
     },
     Key {
         name: "amqp.router_prefetch",
+        doc: "Deliveries the router may have in flight awaiting the broker's confirm, 1 to 65535.",
         // The router needs no hold: its window only has to cover the broker's
         // confirm round trip. Larger windows cost memory, not speed (measured with
         // `bench --million`).
         default: "1000",
         read: |k, v, s| set(&mut s.amqp.router_prefetch, parse_range(k, v, 1, 65535)),
         show: |s| s.amqp.router_prefetch.to_string(),
+        secret: None,
     },
     Key {
         name: "amqp.queue_type",
+        doc: "classic (one node, fastest) or quorum (replicated: timers survive losing a node).",
         default: "classic",
         read: |k, v, s| {
             set(
@@ -193,16 +247,20 @@ const AMQP: &[Key] = &[
             )
         },
         show: |s| s.amqp.queue_type.as_str().to_string(),
+        secret: None,
     },
     Key {
         name: "amqp.instance",
+        doc: "This instance's name in its broker connection names; empty: HOST:PID.",
         // Empty: this host's name and the process id.
         default: "",
         read: |_, v, s| set(&mut s.amqp.instance, Ok(instance_name(v))),
         show: |s| s.amqp.instance.clone(),
+        secret: None,
     },
     Key {
         name: "amqp.tls_ca_file",
+        doc: "PEM file of CA certificates to trust for amqps:// besides the system's; empty: none.",
         default: "",
         read: |k, v, s| {
             s.amqp.tls_ca_pem = read_pem(k, v)?;
@@ -213,9 +271,11 @@ const AMQP: &[Key] = &[
             let file = s.amqp.tls_ca_file.as_ref();
             file.map(|p| p.display().to_string()).unwrap_or_default()
         },
+        secret: None,
     },
     Key {
         name: "amqp.management_url",
+        doc: "Management API, http:// only; empty: http://HOST:15672 as amqp.url's user; off: not used.",
         // Empty: the management API on the broker's host (http, port 15672) with
         // the credentials of amqp.url; `off`: not used. Read after `amqp.url`,
         // whose parts fill what this URL leaves out.
@@ -230,47 +290,59 @@ const AMQP: &[Key] = &[
             Some(m) => format!("{} (as {}, vhost {})", m.base, m.username, m.vhost),
             None => "off".to_string(),
         },
+        secret: Some(Secret::new),
     },
 ];
 
 const HTTP: &[Key] = &[
     Key {
         name: "http.bind",
+        doc: "HTTP API address, HOST:PORT (port 0: any free one); beyond loopback: tokens or allow_anonymous.",
         default: "127.0.0.1:8080",
         read: |k, v, s| set(&mut s.http.bind, parse_bind(k, v)),
         show: |s| s.http.bind.to_string(),
+        secret: None,
     },
     Key {
         name: "http.checkout_tokens",
+        doc: "Bearer tokens of the checkout scope (checkout, buyer's actions), comma-separated, 16+ chars.",
         // Bearer tokens, comma-separated (old,new while one is rotated). None on a
         // loopback bind leaves the API open, as in development.
         default: "",
         read: |k, v, s| set(&mut s.http.checkout_tokens, parse_tokens(k, v)),
         show: |s| describe_tokens(&s.http.checkout_tokens),
+        secret: Some(Secret::opaque),
     },
     Key {
         name: "http.admin_tokens",
+        doc: "Bearer tokens of the admin scope (stock, shipping, all of checkout), comma-separated, 16+ chars.",
         default: "",
         read: |k, v, s| set(&mut s.http.admin_tokens, parse_tokens(k, v)),
         show: |s| describe_tokens(&s.http.admin_tokens),
+        secret: Some(Secret::opaque),
     },
     Key {
         name: "http.allow_anonymous",
+        doc: "true: an API reachable from other machines runs without tokens (anyone may call everything).",
         // A non-loopback bind without tokens stops start-up unless this says the
         // API is meant to be open to whoever reaches it.
         default: "false",
         read: |k, v, s| set(&mut s.http.allow_anonymous, parse_bool(k, v)),
         show: |s| s.http.allow_anonymous.to_string(),
+        secret: None,
     },
     Key {
         name: "http.protect_operations",
+        doc: "Whether /readyz and /metrics need a token of either scope (/healthz never does).",
         // `/readyz` and `/metrics` need a token of either scope (`/healthz` never does).
         default: "false",
         read: |k, v, s| set(&mut s.http.protect_operations, parse_bool(k, v)),
         show: |s| s.http.protect_operations.to_string(),
+        secret: None,
     },
     Key {
         name: "http.header_read_timeout",
+        doc: "Time to send a request head, and the most an idle keep-alive connection lives (100ms to 1h).",
         // A client that has not sent its request head in this time (or keeps an
         // idle connection open this long) is disconnected.
         default: "75s",
@@ -281,9 +353,11 @@ const HTTP: &[Key] = &[
             )
         },
         show: |s| time(s.http.header_read_timeout),
+        secret: None,
     },
     Key {
         name: "http.request_timeout",
+        doc: "Time a request may take before it is answered 503 and dropped (100ms to 1h).",
         default: "30s",
         read: |k, v, s| {
             set(
@@ -292,55 +366,69 @@ const HTTP: &[Key] = &[
             )
         },
         show: |s| time(s.http.request_timeout),
+        secret: None,
     },
     Key {
         name: "http.max_connections",
+        doc: "Most open connections; at the cap the server stops accepting (1 to 1000000).",
         default: "1024",
         read: |k, v, s| set(&mut s.http.max_connections, parse_range(k, v, 1, 1_000_000)),
         show: |s| s.http.max_connections.to_string(),
+        secret: None,
     },
     Key {
         name: "http.max_in_flight",
+        doc: "Most requests handled at once; beyond it, 503 with Retry-After (1 to 1000000).",
         // Beyond this many requests at once, answer 503 at once rather than queue
         // for the API's database pool.
         default: "100",
         read: |k, v, s| set(&mut s.http.max_in_flight, parse_range(k, v, 1, 1_000_000)),
         show: |s| s.http.max_in_flight.to_string(),
+        secret: None,
     },
 ];
 
 const WINDOWS: &[Key] = &[
     Key {
         name: "windows.payment",
+        doc: "Default time from checkout to payment; then the order is cancelled and its stock released.",
         default: "30m",
         read: |k, v, s| set(&mut s.windows.payment, parse_window(k, v)),
         show: |s| time(s.windows.payment),
+        secret: None,
     },
     Key {
         name: "windows.fulfillment",
+        doc: "Time from payment to shipping; then the order is flagged fulfillment_overdue (it stays paid).",
         default: "7d",
         read: |k, v, s| set(&mut s.windows.fulfillment, parse_window(k, v)),
         show: |s| time(s.windows.fulfillment),
+        secret: None,
     },
     Key {
         name: "windows.receipt",
+        doc: "Time from shipping to the buyer's confirmation; then the order is completed.",
         default: "14d",
         read: |k, v, s| set(&mut s.windows.receipt, parse_window(k, v)),
         show: |s| time(s.windows.receipt),
+        secret: None,
     },
     Key {
         name: "windows.max_payment",
+        doc: "Longest payment_window a checkout may ask for; windows.payment must not exceed it.",
         // The longest `payment_window` a checkout may ask for: a longer one would
         // hold stock out of sale for that long.
         default: "7d",
         read: |k, v, s| set(&mut s.windows.max_payment, parse_window(k, v)),
         show: |s| time(s.windows.max_payment),
+        secret: None,
     },
 ];
 
 const CONSUMER: &[Key] = &[
     Key {
         name: "consumer.batch_size",
+        doc: "Most deliveries decided in one database transaction (1 to 10000).",
         default: "200",
         read: |k, v, s| {
             set(
@@ -349,9 +437,11 @@ const CONSUMER: &[Key] = &[
             )
         },
         show: |s| s.consumer.batch_size.to_string(),
+        secret: None,
     },
     Key {
         name: "consumer.batch_wait",
+        doc: "How long a batch may wait to fill while messages flow; an idle queue never waits (0 to 1s).",
         default: "5ms",
         read: |k, v, s| {
             set(
@@ -360,9 +450,11 @@ const CONSUMER: &[Key] = &[
             )
         },
         show: |s| time(s.consumer.batch_wait),
+        secret: None,
     },
     Key {
         name: "consumer.hold_max",
+        doc: "A delivery due within this is held in memory; one due later waits in the broker again (0 to 60s).",
         default: "1s",
         read: |k, v, s| {
             set(
@@ -371,32 +463,40 @@ const CONSUMER: &[Key] = &[
             )
         },
         show: |s| time(s.consumer.hold_max),
+        secret: None,
     },
     // On: a due burst is applied at the database's pace, not the broker's
     // (see `amqp::catch_up`); off only to measure without it.
     Key {
         name: "consumer.catch_up",
+        doc: "Whether a due delivery also applies every order of its kind already due (false: to measure).",
         default: "true",
         read: |k, v, s| set(&mut s.consumer.catch_up, parse_bool(k, v)),
         show: |s| s.consumer.catch_up.to_string(),
+        secret: None,
     },
 ];
 
 const RELAY: &[Key] = &[
     Key {
         name: "relay.enabled",
+        doc: "Whether this instance publishes the outbox (timeouts, domain events); false: something else does.",
         default: "true",
         read: |k, v, s| set(&mut s.relay.enabled, parse_bool(k, v)),
         show: |s| s.relay.enabled.to_string(),
+        secret: None,
     },
     Key {
         name: "relay.batch_size",
+        doc: "Most outbox rows published per round (1 to 10000).",
         default: "500",
         read: |k, v, s| set(&mut s.relay.batch_size, parse_range(k, v, 1, MAX_BATCH)),
         show: |s| s.relay.batch_size.to_string(),
+        secret: None,
     },
     Key {
         name: "relay.interval",
+        doc: "How often the relay looks at the outbox when no commit woke it (1ms to 60s).",
         default: "200ms",
         read: |k, v, s| {
             set(
@@ -405,24 +505,30 @@ const RELAY: &[Key] = &[
             )
         },
         show: |s| time(s.relay.interval),
+        secret: None,
     },
     Key {
         name: "relay.max_attempts",
+        doc: "Refusals by the broker after which an outbox row is set aside with its reason (1 to 1000).",
         default: "10",
         read: |k, v, s| set(&mut s.relay.max_attempts, parse_range(k, v, 1, 1000)),
         show: |s| s.relay.max_attempts.to_string(),
+        secret: None,
     },
 ];
 
 const SWEEPER: &[Key] = &[
     Key {
         name: "sweeper.enabled",
+        doc: "Whether this instance sweeps (any number may: each order changes once).",
         default: "true",
         read: |k, v, s| set(&mut s.sweeper.enabled, parse_bool(k, v)),
         show: |s| s.sweeper.enabled.to_string(),
+        secret: None,
     },
     Key {
         name: "sweeper.interval",
+        doc: "Time between sweeps (100ms to 1d).",
         default: "30s",
         read: |k, v, s| {
             set(
@@ -431,9 +537,11 @@ const SWEEPER: &[Key] = &[
             )
         },
         show: |s| time(s.sweeper.interval),
+        secret: None,
     },
     Key {
         name: "sweeper.grace",
+        doc: "How long past its deadline an order must be before the sweeper acts on it (0 to 30d).",
         default: "60s",
         read: |k, v, s| {
             set(
@@ -442,18 +550,22 @@ const SWEEPER: &[Key] = &[
             )
         },
         show: |s| time(s.sweeper.grace),
+        secret: None,
     },
     Key {
         name: "sweeper.batch_size",
+        doc: "Most orders handled per kind per sweep (1 to 10000).",
         default: "500",
         read: |k, v, s| set(&mut s.sweeper.batch_size, parse_range(k, v, 1, MAX_BATCH)),
         show: |s| s.sweeper.batch_size.to_string(),
+        secret: None,
     },
 ];
 
 const LOG: &[Key] = &[
     Key {
         name: "log.format",
+        doc: "pretty (lines for a terminal) or json (one object per line, for log shippers).",
         default: "pretty",
         read: |k, v, s| {
             set(
@@ -462,18 +574,22 @@ const LOG: &[Key] = &[
             )
         },
         show: |s| s.log.format.as_str().to_string(),
+        secret: None,
     },
     Key {
         name: "log.level",
+        doc: "Log filter in RUST_LOG syntax, used when RUST_LOG is not set.",
         default: "info,lapin=off",
         read: |k, v, s| set(&mut s.log.level, parse_log_level(k, v)),
         show: |s| s.log.level.clone(),
+        secret: None,
     },
 ];
 
 /// Whose orders (see `mapping.rs`).
 const ORDERS: &[Key] = &[Key {
     name: "orders.source",
+    doc: "owned (its own tables, filled by its API) or mapped (a shop's table, described by mapping.*).",
     default: "owned",
     read: |k, v, s| {
         set(
@@ -482,29 +598,34 @@ const ORDERS: &[Key] = &[Key {
         )
     },
     show: |s| s.mapping.source.as_str().to_string(),
+    secret: None,
 }];
 
 /// A `mapping.*` key naming a table (`qualified`: `schema.name` allowed) or
 /// a column of the shop's.
 macro_rules! ident_key {
-    ($name:literal, $default:literal, $($field:ident).+, $qualified:literal) => {
+    ($name:literal, $doc:literal, $default:literal, $($field:ident).+, $qualified:literal) => {
         Key {
             name: $name,
+            doc: $doc,
             default: $default,
             read: |k, v, s| set(&mut s.mapping.$($field).+, parse_ident(k, v, $qualified)),
             show: |s| s.mapping.$($field).+.clone(),
+            secret: None,
         }
     };
 }
 
 /// A `mapping.<kind>.*` key holding one of the shop's status values.
 macro_rules! status_key {
-    ($name:literal, $($field:ident).+) => {
+    ($name:literal, $doc:literal, $($field:ident).+) => {
         Key {
             name: $name,
+            doc: $doc,
             default: "",
             read: |k, v, s| set(&mut s.mapping.$($field).+, parse_status(k, v)),
             show: |s| s.mapping.$($field).+.clone(),
+            secret: None,
         }
     };
 }
@@ -512,96 +633,176 @@ macro_rules! status_key {
 /// A shop's own table (see `mapping.rs`): empty means unset; checked across
 /// keys, and with `orders.source`, once all are read.
 const MAPPING: &[Key] = &[
-    ident_key!("mapping.table", "", table, true),
-    ident_key!("mapping.id_column", "id", id_column, false),
-    ident_key!("mapping.status_column", "status", status_column, false),
-    ident_key!("mapping.stamp_column", "", stamp_column, false),
-    status_key!("mapping.payment.from", payment.from),
-    status_key!("mapping.payment.to", payment.to),
+    ident_key!(
+        "mapping.table",
+        "The shop's orders table, NAME or SCHEMA.NAME (required when mapped).",
+        "",
+        table,
+        true
+    ),
+    ident_key!(
+        "mapping.id_column",
+        "Its primary key column: integer, text or UUID.",
+        "id",
+        id_column,
+        false
+    ),
+    ident_key!(
+        "mapping.status_column",
+        "Its status column: integer or text.",
+        "status",
+        status_column,
+        false
+    ),
+    ident_key!(
+        "mapping.stamp_column",
+        "Optional time column set to the database's clock by every transition (e.g. updated_at).",
+        "",
+        stamp_column,
+        false
+    ),
+    status_key!(
+        "mapping.payment.from",
+        "Status of an unpaid order, which the payment timeout acts on (required when mapped).",
+        payment.from
+    ),
+    status_key!(
+        "mapping.payment.to",
+        "Status the payment timeout sets: the shop's cancelled or closed (required when mapped).",
+        payment.to
+    ),
     ident_key!(
         "mapping.payment.deadline_column",
+        "Column holding the payment deadline; set this or since_column.",
         "",
         payment.deadline_column,
         false
     ),
     ident_key!(
         "mapping.payment.since_column",
+        "Column holding the window's start (creation); deadline = it + windows.payment.",
         "",
         payment.since_column,
         false
     ),
-    status_key!("mapping.fulfillment.from", fulfillment.from),
-    status_key!("mapping.fulfillment.to", fulfillment.to),
+    status_key!(
+        "mapping.fulfillment.from",
+        "Status of a paid order waiting to be shipped; empty: fulfillment timeouts are not mapped.",
+        fulfillment.from
+    ),
+    status_key!(
+        "mapping.fulfillment.to",
+        "Status meaning overdue, if the shop has one; set this or flag_column.",
+        fulfillment.to
+    ),
     ident_key!(
         "mapping.fulfillment.flag_column",
+        "Nullable time column stamped once when the order is found overdue (its status stays).",
         "",
         fulfillment.flag_column,
         false
     ),
     ident_key!(
         "mapping.fulfillment.deadline_column",
+        "Column holding the shipping deadline; set this or since_column.",
         "",
         fulfillment.deadline_column,
         false
     ),
     ident_key!(
         "mapping.fulfillment.since_column",
+        "Column holding the window's start (payment); deadline = it + windows.fulfillment.",
         "",
         fulfillment.since_column,
         false
     ),
-    status_key!("mapping.receipt.from", receipt.from),
-    status_key!("mapping.receipt.to", receipt.to),
+    status_key!(
+        "mapping.receipt.from",
+        "Status of a shipped order; empty: receipt timeouts are not mapped.",
+        receipt.from
+    ),
+    status_key!(
+        "mapping.receipt.to",
+        "Status the receipt timeout sets: the shop's completed.",
+        receipt.to
+    ),
     ident_key!(
         "mapping.receipt.deadline_column",
+        "Column holding the receipt deadline; set this or since_column.",
         "",
         receipt.deadline_column,
         false
     ),
     ident_key!(
         "mapping.receipt.since_column",
+        "Column holding the window's start (shipping); deadline = it + windows.receipt.",
         "",
         receipt.since_column,
         false
     ),
-    ident_key!("mapping.stock.items_table", "", stock.items_table, true),
+    ident_key!(
+        "mapping.stock.items_table",
+        "Order items table, NAME or SCHEMA.NAME; give every stock key (available_column optional) or none.",
+        "",
+        stock.items_table,
+        true
+    ),
     ident_key!(
         "mapping.stock.items_order_column",
+        "Its column holding the order id.",
         "",
         stock.items_order_column,
         false
     ),
     ident_key!(
         "mapping.stock.items_sku_column",
+        "Its column naming the stock row.",
         "",
         stock.items_sku_column,
         false
     ),
     ident_key!(
         "mapping.stock.items_quantity_column",
+        "Its quantity column.",
         "",
         stock.items_quantity_column,
         false
     ),
-    ident_key!("mapping.stock.table", "", stock.table, true),
-    ident_key!("mapping.stock.id_column", "", stock.id_column, false),
+    ident_key!(
+        "mapping.stock.table",
+        "Stock table, NAME or SCHEMA.NAME.",
+        "",
+        stock.table,
+        true
+    ),
+    ident_key!(
+        "mapping.stock.id_column",
+        "Its key, matched against the items' SKU column.",
+        "",
+        stock.id_column,
+        false
+    ),
     ident_key!(
         "mapping.stock.reserved_column",
+        "Column a cancelled order's quantities are taken back from (reserved stock).",
         "",
         stock.reserved_column,
         false
     ),
     ident_key!(
         "mapping.stock.available_column",
+        "Optional column the quantities are added back to (stock taken off sale at checkout).",
         "",
         stock.available_column,
         false
     ),
     Key {
         name: "mapping.release_sql",
+        doc: "Own statements per order a payment timeout cancels, ;-separated, id bound as $1 (PostgreSQL) or ?.",
         default: "",
         read: |k, v, s| set(&mut s.mapping.release_sql, parse_release_sql(k, v)),
         show: |s| s.mapping.release_sql.join("; "),
+        secret: None,
     },
 ];
 
@@ -682,6 +883,7 @@ impl Settings {
                 release_sql: Vec::new(),
             },
             sources,
+            given: BTreeMap::new(),
         }
     }
 }

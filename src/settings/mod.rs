@@ -7,8 +7,10 @@
 //! refused instead of silently ignored.
 //!
 //! Each key is one entry of the table in `keys.rs` (name, default and why,
-//! reader into its field, how `doctor` shows it); the defaults layer, the
-//! known-key check, [`Settings::load`] and [`Settings::describe`] all walk it.
+//! reader into its field, how `doctor` shows it, its one-line description);
+//! the defaults layer, the known-key check, [`Settings::load`],
+//! [`Settings::describe`] and the settings file (`file.rs`:
+//! `config/order-timeout.toml`, `order-timeout config`) all walk it.
 //! Checks across keys (`checks.rs`) run after their section's keys are read.
 
 use std::collections::{BTreeMap, HashMap};
@@ -97,6 +99,7 @@ impl LogFormat {
 
 mod checks;
 mod connections;
+mod file;
 mod keys;
 mod layers;
 mod mapping;
@@ -110,12 +113,13 @@ pub use connections::scrub_url;
 use connections::{
     instance_name, parse_amqp_url, parse_database_url, parse_management, parse_prefix, read_pem,
 };
+pub use file::{REGENERATE, defaults_file};
 use keys::{SECTIONS, keys};
 pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping};
 use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status};
 pub use parse::{MIN_TOKEN_LEN, parse_duration, parse_tokens, parse_window};
 use parse::{non_empty, parse_bind, parse_bool, parse_choice, parse_log_level, parse_range};
-pub use secret::{Secret, redact_url};
+pub use secret::{REDACTED, Secret, redact_url};
 
 /// `database.*`
 #[derive(Debug, Clone)]
@@ -296,6 +300,9 @@ pub struct Settings {
     pub mapping: MappingSettings,
     /// Where each key's value came from, for `doctor`.
     pub sources: BTreeMap<String, Source>,
+    /// The text of each key the file or the environment set, as given but with
+    /// secrets redacted, for `order-timeout config` ([`Settings::to_toml`]).
+    pub given: BTreeMap<String, String>,
 }
 
 /// Where a setting's value came from.
@@ -369,7 +376,12 @@ impl Settings {
         let mut settings = Settings::unread(merged.sources.clone());
         for section in SECTIONS {
             for key in section.keys {
-                (key.read)(key.name, merged.value(key.name), &mut settings)?;
+                let text = merged.value(key.name);
+                (key.read)(key.name, text, &mut settings)?;
+                if settings.sources.get(key.name) != Some(&Source::Default) {
+                    let shown = file::written(key, text);
+                    settings.given.insert(key.name.to_string(), shown);
+                }
             }
             if let Some(check) = section.check {
                 check(&settings)?;

@@ -119,6 +119,14 @@ pub fn parse_tokens(key: &str, value: &str) -> Result<Vec<Secret>, SettingsError
                 format!("token {n} is empty (separate tokens with single commas)"),
             ));
         }
+        if token == REDACTED {
+            return Err(invalid(
+                key,
+                format!(
+                    "token {n} is redacted (as `order-timeout config` prints tokens): give the real tokens, best in the environment"
+                ),
+            ));
+        }
         if token.chars().any(char::is_whitespace) {
             return Err(invalid(key, format!("token {n} contains whitespace")));
         }

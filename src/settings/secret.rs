@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// What a secret is printed as: a whole token, or the password of a URL.
+pub const REDACTED: &str = "***";
+
 /// A value that must never be printed: its `Debug` and `Display` are redacted.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
@@ -43,7 +46,7 @@ impl Secret {
     pub fn redacted(&self) -> String {
         match self.shown {
             Shown::UrlWithoutPassword => redact_url(&self.value),
-            Shown::Nothing => "***".to_string(),
+            Shown::Nothing => REDACTED.to_string(),
         }
     }
 }
@@ -85,16 +88,16 @@ pub fn redact_url(raw: &str) -> String {
 fn redact_one_url(raw: &str) -> String {
     match url::Url::parse(raw) {
         // `user:pass@host` parses as scheme `user` with an opaque path: hide it all.
-        Ok(url) if url.cannot_be_a_base() && raw.contains('@') => "***".to_string(),
+        Ok(url) if url.cannot_be_a_base() && raw.contains('@') => REDACTED.to_string(),
         Ok(mut url) => {
             if url.password().is_some() {
-                let _ = url.set_password(Some("***"));
+                let _ = url.set_password(Some(REDACTED));
             }
             let pairs: Vec<(String, String)> = url
                 .query_pairs()
                 .map(|(k, v)| {
                     let v = if k.eq_ignore_ascii_case("password") {
-                        "***".into()
+                        REDACTED.into()
                     } else {
                         v.into_owned()
                     };
@@ -108,7 +111,7 @@ fn redact_one_url(raw: &str) -> String {
         }
         // Something like `user:pass@host` that is not a URL: hide everything after
         // the first colon rather than risk printing a password.
-        Err(_) if raw.contains('@') => "***".to_string(),
+        Err(_) if raw.contains('@') => REDACTED.to_string(),
         Err(_) => raw.to_string(),
     }
 }

@@ -759,3 +759,200 @@ fn a_mapping_that_cannot_work_names_its_key() {
         }
     }
 }
+
+/// `config/order-timeout.toml`, as shipped.
+const SHIPPED: &str = include_str!("../../config/order-timeout.toml");
+
+fn load_file(path: &Path, env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    let env = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Settings::load(&SettingsSource {
+        file: Some(path.to_path_buf()),
+        env: Some(env),
+    })
+}
+
+/// Every key's value as `doctor` shows it, without where it came from.
+fn values(settings: &Settings) -> Vec<(String, String)> {
+    let described = settings.describe().into_iter();
+    described.map(|(key, shown, _)| (key, shown)).collect()
+}
+
+/// The dotted keys a settings file mentions, set or commented out, in order.
+fn keys_in(file: &str) -> Vec<String> {
+    let mut section = "";
+    let mut found = Vec::new();
+    for line in file.lines() {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name;
+        } else if let Some((field, _)) = line.trim_start_matches("# ").split_once(" = ")
+            && !field.contains(' ')
+            && !section.is_empty()
+        {
+            found.push(format!("{section}.{field}"));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_key_is_in_the_shipped_file() {
+    let found = keys_in(SHIPPED);
+    for key in keys() {
+        assert!(
+            found.iter().any(|k| k == key.name),
+            "`{}` is missing from config/order-timeout.toml; regenerate it: {REGENERATE}",
+            key.name
+        );
+    }
+    let table: Vec<&str> = keys().map(|k| k.name).collect();
+    assert_eq!(
+        found, table,
+        "regenerate config/order-timeout.toml: {REGENERATE}"
+    );
+}
+
+#[test]
+fn the_shipped_file_is_the_table_written_out() {
+    let written = defaults_file();
+    if written != SHIPPED {
+        let differs = written
+            .lines()
+            .zip(SHIPPED.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(written.lines().count().min(SHIPPED.lines().count()));
+        panic!(
+            "config/order-timeout.toml is not the settings table written out \
+             (line {} differs: the table writes {:?}); regenerate it: {REGENERATE}",
+            differs + 1,
+            written.lines().nth(differs).unwrap_or("(end of file)"),
+        );
+    }
+}
+
+#[test]
+fn the_shipped_file_changes_nothing() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/order-timeout.toml");
+    let shipped = load_file(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(values(&shipped), values(&load(&[]).unwrap()));
+    // It really was read: every key it sets came from it.
+    assert_eq!(shipped.sources["amqp.prefix"], Source::File(path));
+    // And what it leaves commented out kept the default (the mapping would
+    // be refused with `orders.source = owned`).
+    assert_eq!(shipped.sources["mapping.id_column"], Source::Default);
+    assert_eq!(shipped.sources["http.admin_tokens"], Source::Default);
+}
+
+#[test]
+fn every_key_is_described_in_one_line() {
+    for key in keys() {
+        let doc = key.doc;
+        assert!(
+            !doc.is_empty() && !doc.contains('\n') && doc.ends_with('.'),
+            "{}: {doc:?}",
+            key.name
+        );
+        // With `# ` in front, a line of the file stays within 100 characters.
+        assert!(doc.chars().count() <= 98, "{}: too long: {doc}", key.name);
+    }
+}
+
+/// `order-timeout config`: what the file and the environment gave, each
+/// saying where from, secrets redacted; read back (the real tokens given again
+/// in the environment), the same settings.
+#[test]
+fn the_settings_in_effect_read_back_as_themselves() {
+    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.toml");
+    std::fs::write(
+        &path,
+        r#"
+[database]
+url = "postgres://shop:hunter2-db@db.internal/shop"
+[amqp]
+url = "amqp://svc:hunter2-mq@mq-1:5672/shop, amqp://svc:hunter2-mq@mq-2:5672/shop"
+management_url = "http://ops:hunter2-api@mq-1:15672"
+prefetch = 50
+[http]
+admin_tokens = "hunter2-admin-0123456789"
+[orders]
+source = "mapped"
+[mapping]
+table = "oms_order"
+status_column = "state"
+[mapping.payment]
+from = "0"
+to = "4"
+since_column = "create_time"
+[mapping.receipt]
+from = 'shipped "by post"'
+to = "done\\now"
+deadline_column = "receive_by"
+"#,
+    )
+    .unwrap();
+    let token = (
+        "ORDER_TIMEOUT__HTTP__ADMIN_TOKENS",
+        "hunter2-admin-0123456789",
+    );
+    let env = [
+        ("ORDER_TIMEOUT__AMQP__PREFIX", "shop.timeouts"),
+        (
+            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
+            "hunter2-check-0123456789",
+        ),
+        (
+            "ORDER_TIMEOUT__MAPPING__RELEASE_SQL",
+            "UPDATE holds SET note = 'it''s \"late\"' WHERE o = ?; DELETE FROM h WHERE o = ?",
+        ),
+    ];
+    let settings = load_file(&path, &env).unwrap_or_else(|e| panic!("{e}"));
+    let printed = settings.to_toml();
+    assert!(!printed.contains("hunter2"), "{printed}");
+    let file = format!("# from file {}", path.display());
+    for line in [
+        "prefix = \"shop.timeouts\"  # from env ORDER_TIMEOUT__AMQP__PREFIX".to_string(),
+        format!("prefetch = 50  {file}"),
+        format!("url = \"postgres://shop:***@db.internal/shop\"  {file}"),
+        format!("admin_tokens = \"***\"  {file}"),
+        "checkout_tokens = \"***\"  # from env ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS".to_string(),
+        // A status is text, even when it looks like a number.
+        format!("payment.from = \"0\"  {file}"),
+        format!("receipt.from = \"shipped \\\"by post\\\"\"  {file}"),
+        // Unset, it stays as shipped: commented out.
+        "# stock.table = \"\"".to_string(),
+        "# id_column = \"id\"".to_string(),
+        "bind = \"127.0.0.1:8080\"".to_string(),
+    ] {
+        assert!(printed.lines().any(|l| l == line), "{line}\n{printed}");
+    }
+    assert_eq!(keys_in(&printed), keys_in(SHIPPED));
+
+    let again = dir.join("printed.toml");
+    std::fs::write(&again, &printed).unwrap();
+    // A redacted token is refused, naming its key: never taken for a token.
+    let err = load_file(&again, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("`http.checkout_tokens`") && err.contains("redacted"),
+        "{err}"
+    );
+    let read_back = load_file(
+        &again,
+        &[token, ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", env[1].1)],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(values(&read_back), values(&settings));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Nothing but the table's defaults: the settings in effect are the shipped
+/// file, below their own header.
+#[test]
+fn with_nothing_given_the_settings_in_effect_are_the_defaults() {
+    let printed = load(&[]).unwrap().to_toml();
+    let body = |file: &str| file[file.find("\n[").unwrap_or(0)..].to_string();
+    assert_eq!(body(&printed), body(SHIPPED));
+}

@@ -1,9 +1,15 @@
-//! Publishers in other languages (Python with pika, Node with amqplib, curl
-//! on the management API), following the README's contract, work the same as
-//! our own relay. `make test` installs their client libraries.
+//! The publisher examples of `rabbitmq/examples/` (Python with pika, Node with
+//! amqplib, curl on the management API, Go with amqp091-go, Java with the
+//! official client, PHP with php-amqplib), each following the wire contract
+//! (docs/wire-contract.md), cancel an order on time against the real service in either delay
+//! mode, as our own relay would. `make test` installs their toolchains and
+//! client libraries (pika and amqplib from their registries, the rest from
+//! Debian); outside it, a test whose toolchain is missing says so and skips.
+//! `encodings` checks what each one puts on the wire.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::helpers::*;
@@ -31,88 +37,6 @@ pub fn missing(what: &str) {
     );
 }
 
-async fn publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
-    let Some(python) = python() else {
-        return missing("python with pika");
-    };
-    example_cancels_an_order(backend, mode, |app, id| {
-        Command::new(&python)
-            .arg(repo_path("rabbitmq/examples/python/publish_timeout.py"))
-            .args([
-                "--url",
-                &app.amqp_url,
-                "--exchange",
-                app.names.entry(),
-                "--order-id",
-                id,
-                "--delay-ms",
-                "2000",
-            ])
-            .output()
-            .expect("python runs")
-    })
-    .await
-}
-
-/// Runs a publisher example for a fresh order with a 2 s window, relay off so
-/// the example's message is the only timeout; the order is cancelled within a
-/// second of its deadline and its stock is back.
-async fn example_cancels_an_order<F>(backend: Backend, mode: DelayMode, publish: F)
-where
-    F: FnOnce(&TestApp, &str) -> Output,
-{
-    let app =
-        spawn_app(Spawn::new(backend, mode).env("ORDER_TIMEOUT__RELAY__ENABLED", "false")).await;
-    app.put_stock("A", 2).await;
-    let id = app.order(&[("A", 2)], "2s").await;
-    let out = publish(&app, &id);
-    // The example's message is due 2 s after it was published, which is after
-    // the order's deadline by however long the interpreter took to start.
-    let published_by = chrono::Utc::now().timestamp_millis();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let order = app
-        .wait_status(&id, "cancelled", Duration::from_secs(8))
-        .await;
-    let cancelled = ms(&order, "cancelled_at");
-    assert!(
-        cancelled >= ms(&order, "pay_deadline"),
-        "never early: {order}"
-    );
-    let due = ms(&order, "pay_deadline").max(published_by + 2000);
-    assert!(
-        cancelled - due < 1000,
-        "cancelled {} ms after the message was due",
-        cancelled - due
-    );
-    assert_eq!(app.stock("A").await["available"], 2);
-    assert_eq!(
-        app.metric("order_timeout_outbox_published_total", &[])
-            .await,
-        0.0
-    );
-    assert!(app.drain_parked().await.is_empty(), "nothing parked");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_pika_sqlite_ttl() {
-    run(Backend::Sqlite, DelayMode::Ttl, publishes_a_working_timeout).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_pika_postgres_plugin() {
-    run(
-        Backend::Postgres,
-        DelayMode::Plugin,
-        publishes_a_working_timeout,
-    )
-    .await
-}
-
 /// amqplib's folder: `ORDER_TIMEOUT_TEST_NODE_MODULES`, else the example's own
 /// `node_modules` that `make examples-deps` installs.
 pub fn node_modules() -> Option<PathBuf> {
@@ -123,82 +47,239 @@ pub fn node_modules() -> Option<PathBuf> {
 }
 
 pub fn runs(program: &str) -> bool {
+    succeeds(program, &["--version"])
+}
+
+fn succeeds(program: &str, args: &[&str]) -> bool {
     Command::new(program)
-        .arg("--version")
+        .args(args)
         .output()
         .is_ok_and(|o| o.status.success())
 }
 
-async fn node_publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
-    let Some(modules) = node_modules().filter(|_| runs("node")) else {
-        return missing("node with amqplib");
-    };
-    example_cancels_an_order(backend, mode, |app, id| {
-        Command::new("node")
-            .arg(repo_path("rabbitmq/examples/node/publish_timeout.js"))
-            .args(["--url", &app.amqp_url, "--exchange", app.names.entry()])
-            .args(["--order-id", id, "--delay-ms", "2000"])
-            .env("NODE_PATH", modules)
-            .output()
-            .expect("node runs")
-    })
-    .await
+/// Where Debian's packages put the Go, Java and PHP client libraries.
+const GOPATH: &str = "/usr/share/gocode";
+const JAVA_CLASSPATH: &str = "/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar";
+const PHP_AMQPLIB: &str = "/usr/share/php/PhpAmqpLib/autoload.php";
+
+/// The Go example, built once per test run under `target/` (`go run` would
+/// compile it again for every test, seconds each on a busy machine).
+fn go_example() -> Option<PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let library = Path::new(GOPATH).join("src/github.com/rabbitmq/amqp091-go");
+            if !(succeeds("go", &["version"]) && library.exists()) {
+                return None;
+            }
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("examples-go");
+            let binary = dir.join("publish_timeout");
+            let out = Command::new("go")
+                .arg("build")
+                .arg("-o")
+                .arg(&binary)
+                .arg(repo_path("rabbitmq/examples/go/publish_timeout.go"))
+                .env("GO111MODULE", "off")
+                .env("GOPATH", GOPATH)
+                .env("GOCACHE", dir.join("cache"))
+                .output()
+                .expect("go runs");
+            assert!(
+                out.status.success(),
+                "go build: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(binary)
+        })
+        .clone()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_amqplib_sqlite_ttl() {
-    run(
-        Backend::Sqlite,
-        DelayMode::Ttl,
-        node_publishes_a_working_timeout,
-    )
-    .await
+/// A publisher example of `rabbitmq/examples/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Example {
+    Python,
+    Node,
+    Curl,
+    Go,
+    Java,
+    Php,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_amqplib_postgres_plugin() {
-    run(
-        Backend::Postgres,
-        DelayMode::Plugin,
-        node_publishes_a_working_timeout,
-    )
-    .await
-}
+impl Example {
+    pub const ALL: [Example; 6] = [
+        Self::Python,
+        Self::Node,
+        Self::Curl,
+        Self::Go,
+        Self::Java,
+        Self::Php,
+    ];
 
-/// The management HTTP API publisher, in both modes (the entry exchange is a
-/// fanout in both, so the script's `routed` check holds with the plugin too).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn curl_management_api_mariadb_ttl() {
-    run(
-        Backend::MariaDb,
-        DelayMode::Ttl,
-        curl_publishes_a_working_timeout,
-    )
-    .await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn curl_management_api_sqlite_plugin() {
-    run(
-        Backend::Sqlite,
-        DelayMode::Plugin,
-        curl_publishes_a_working_timeout,
-    )
-    .await
-}
-
-async fn curl_publishes_a_working_timeout(backend: Backend, mode: DelayMode) {
-    if !(runs("curl") && runs("jq") && runs("bash")) {
-        return missing("curl, jq and bash");
+    /// The example's command, connected to `vhost` of the test broker and
+    /// ready for `--exchange`, `--order-id`, `--delay-ms` and `--kind`; `None`
+    /// (after [`missing`]) when its toolchain or library is not installed.
+    pub fn command(self, vhost: &str) -> Option<Command> {
+        let amqp_url = format!("{BROKER}/{vhost}");
+        let script = |path: &str| repo_path(&format!("rabbitmq/examples/{path}"));
+        let (mut command, url) = match self {
+            Self::Python => {
+                let Some(python) = python() else {
+                    missing("python with pika");
+                    return None;
+                };
+                let mut c = Command::new(python);
+                c.arg(script("python/publish_timeout.py"));
+                (c, amqp_url)
+            }
+            Self::Node => {
+                let Some(modules) = node_modules().filter(|_| runs("node")) else {
+                    missing("node with amqplib");
+                    return None;
+                };
+                let mut c = Command::new("node");
+                c.arg(script("node/publish_timeout.js"))
+                    .env("NODE_PATH", modules);
+                (c, amqp_url)
+            }
+            Self::Curl => {
+                if !(runs("curl") && runs("jq") && runs("bash")) {
+                    missing("curl, jq and bash");
+                    return None;
+                }
+                let mut c = Command::new("bash");
+                c.arg(script("curl/publish_timeout.sh"))
+                    .args(["--vhost", vhost]);
+                (c, management_base(true))
+            }
+            Self::Go => {
+                let Some(binary) = go_example() else {
+                    missing("go with amqp091-go (golang-go golang-github-rabbitmq-amqp091-go-dev)");
+                    return None;
+                };
+                (Command::new(binary), amqp_url)
+            }
+            Self::Java => {
+                let jars = JAVA_CLASSPATH.split(':').all(|j| Path::new(j).exists());
+                if !(jars && runs("java") && runs("javac")) {
+                    missing(
+                        "a JDK with the RabbitMQ Java client (default-jdk-headless librabbitmq-client-java)",
+                    );
+                    return None;
+                }
+                // Run as a single-file source program, as its header says.
+                let mut c = Command::new("java");
+                c.args(["-cp", JAVA_CLASSPATH])
+                    .arg(script("java/PublishTimeout.java"));
+                (c, amqp_url)
+            }
+            Self::Php => {
+                if !(runs("php") && Path::new(PHP_AMQPLIB).exists()) {
+                    missing("php with php-amqplib (php-cli php-amqplib)");
+                    return None;
+                }
+                let mut c = Command::new("php");
+                c.arg(script("php/publish_timeout.php"));
+                (c, amqp_url)
+            }
+        };
+        command.args(["--url", &url]);
+        Some(command)
     }
-    example_cancels_an_order(backend, mode, |app, id| {
-        Command::new("bash")
-            .arg(repo_path("rabbitmq/examples/curl/publish_timeout.sh"))
-            .args(["--url", &management_base(true)])
-            .args(["--vhost", &app.vhost, "--exchange", app.names.entry()])
-            .args(["--order-id", id, "--delay-ms", "2000"])
-            .output()
-            .expect("bash runs")
-    })
-    .await
 }
+
+/// Runs a publisher example for a fresh order with a payment window of
+/// `window`, the example's delay the same; relay off so the example's message
+/// is the only timeout. The order is cancelled by that message (cause
+/// `timeout`) within a second of when it was due, never before its deadline,
+/// and its stock is back.
+async fn example_cancels_an_order(backend: Backend, mode: DelayMode, example: Example) {
+    // A JVM compiling the source file takes a second or two, more on a busy
+    // machine: a longer window keeps its message due at the deadline.
+    let window = match example {
+        Example::Java => Duration::from_secs(6),
+        _ => Duration::from_secs(2),
+    };
+    let app =
+        spawn_app(Spawn::new(backend, mode).env("ORDER_TIMEOUT__RELAY__ENABLED", "false")).await;
+    // Checked (and the Go example built) before the order's window starts.
+    let Some(mut command) = example.command(&app.vhost) else {
+        return;
+    };
+    app.put_stock("A", 2).await;
+    let id = app
+        .order(&[("A", 2)], &format!("{}s", window.as_secs()))
+        .await;
+    let delay_ms = window.as_millis() as i64;
+    let out: Output = command
+        .args(["--exchange", app.names.entry(), "--order-id", &id])
+        .args(["--delay-ms", &delay_ms.to_string()])
+        .output()
+        .expect("the example runs");
+    // The example's message is due `delay_ms` after it was published, which
+    // is after the order's deadline by however long the program took to start.
+    let published_by = chrono::Utc::now().timestamp_millis();
+    assert!(
+        out.status.success(),
+        "{example:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let order = app
+        .wait_status(&id, "cancelled", window + Duration::from_secs(6))
+        .await;
+    let cancelled = ms(&order, "cancelled_at");
+    assert!(
+        cancelled >= ms(&order, "pay_deadline"),
+        "never early: {order}"
+    );
+    let due = ms(&order, "pay_deadline").max(published_by + delay_ms);
+    assert!(
+        cancelled - due < 1000,
+        "{example:?}: cancelled {} ms after the message was due",
+        cancelled - due
+    );
+    let trail = app.order_with_audit(&id).await;
+    let last = trail["audit"].as_array().and_then(|a| a.last()).cloned();
+    assert_eq!(
+        last.as_ref()
+            .map(|e| (e["event"].as_str(), e["cause"].as_str())),
+        Some((Some("cancelled"), Some("timeout"))),
+        "cancelled by the example's message: {trail}"
+    );
+    assert_eq!(app.stock("A").await["available"], 2);
+    assert_eq!(
+        app.metric("order_timeout_outbox_published_total", &[])
+            .await,
+        0.0
+    );
+    assert!(app.drain_parked().await.is_empty(), "nothing parked");
+}
+
+/// One test per example, backend and mode: each example in both modes, the
+/// backends spread across them.
+macro_rules! example_test {
+    ($name:ident, $example:ident, $backend:ident, $mode:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            run(Backend::$backend, DelayMode::$mode, |b, m| {
+                example_cancels_an_order(b, m, Example::$example)
+            })
+            .await
+        }
+    };
+}
+
+example_test!(python_pika_sqlite_ttl, Python, Sqlite, Ttl);
+example_test!(python_pika_postgres_plugin, Python, Postgres, Plugin);
+example_test!(node_amqplib_sqlite_ttl, Node, Sqlite, Ttl);
+example_test!(node_amqplib_postgres_plugin, Node, Postgres, Plugin);
+// The management HTTP API publisher, in both modes (the entry exchange is a
+// fanout in both, so the script's `routed` check holds with the plugin too).
+example_test!(curl_management_api_mariadb_ttl, Curl, MariaDb, Ttl);
+example_test!(curl_management_api_sqlite_plugin, Curl, Sqlite, Plugin);
+example_test!(go_amqp091_sqlite_ttl, Go, Sqlite, Ttl);
+example_test!(go_amqp091_postgres_plugin, Go, Postgres, Plugin);
+example_test!(java_amqp_client_mariadb_ttl, Java, MariaDb, Ttl);
+example_test!(java_amqp_client_sqlite_plugin, Java, Sqlite, Plugin);
+example_test!(php_amqplib_postgres_ttl, Php, Postgres, Ttl);
+example_test!(php_amqplib_mariadb_plugin, Php, MariaDb, Plugin);

@@ -374,7 +374,7 @@ async fn refused_rows_wait_and_are_set_aside(backend: Backend) {
             >= 9.0
     );
 
-    // The operator removes the cause and puts the rows back, as the README says.
+    // The operator removes the cause and puts the rows back, as docs/operations.md says.
     broker_api()
         .delete(&policy)
         .await
@@ -712,7 +712,7 @@ async fn work_queues_dead_letter_into_parked() {
 
 /// A vhost an earlier version set up (no alternate or dead-letter exchange
 /// into `parked`) keeps working with no manual step, and `doctor` says what it
-/// lacks and where the README says how to add it.
+/// lacks and where UPGRADING.md says how to add it.
 async fn an_earlier_topology_still_works(backend: Backend, mode: DelayMode) {
     use order_timeout::amqp::topology::{self, ExchangeSpec, Mode, QueueSpec, QueueType};
     let vhost = Vhost::create().await;
@@ -764,7 +764,7 @@ async fn an_earlier_topology_still_works(backend: Backend, mode: DelayMode) {
         "{stdout}"
     );
 
-    // The README's policies give such a vhost the same safety nets.
+    // UPGRADING.md's policies give such a vhost the same safety nets.
     let vhost = url_encode(&app.vhost);
     for (name, apply_to, pattern, key) in [
         (
@@ -863,15 +863,24 @@ async fn parked_queue_is_bounded(backend: Backend, mode: DelayMode) {
 
 matrix!(parked_queue_is_bounded);
 
-/// Every test the README's guarantees section names exists, so the section
-/// cannot point at a test that was renamed or removed.
+/// Every test a "Guarantees" section of the documentation (README.md and
+/// docs/*.md) names exists, so no section can point at a test that was
+/// renamed or removed.
 #[test]
 fn the_guarantees_name_real_tests() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
-    let start = readme.find("### Guarantees").unwrap();
-    let end = start + readme[start..].find("\n## ").unwrap();
-    let section = &readme[start..end];
+    let mut pages = vec![std::path::PathBuf::from(format!("{root}/README.md"))];
+    for entry in std::fs::read_dir(format!("{root}/docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    let mut section = String::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        section.push_str(&guarantees_sections(&text));
+    }
     let mut named = 0;
     for quoted in section.split('`').skip(1).step_by(2) {
         let Some((module, name)) = quoted.split_once("::") else {
@@ -885,11 +894,33 @@ fn the_guarantees_name_real_tests() {
             .unwrap_or_else(|_| panic!("no tests/api/{module}.rs for `{quoted}`"));
         assert!(
             source.contains(&format!("fn {name}")),
-            "the README names `{quoted}`, which tests/api/{module}.rs does not define"
+            "the documentation names `{quoted}`, which tests/api/{module}.rs does not define"
         );
         named += 1;
     }
     assert!(named > 20, "only {named} tests named");
+}
+
+/// The text of every section whose heading names "Guarantees", each up to
+/// the next heading of the same or a higher level.
+fn guarantees_sections(text: &str) -> String {
+    let mut out = String::new();
+    let mut level = None;
+    for line in text.lines() {
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        let heading = hashes > 0 && line[hashes..].starts_with(' ');
+        if heading && level.is_some_and(|l| hashes <= l) {
+            level = None;
+        }
+        if heading && level.is_none() && line.contains("Guarantees") {
+            level = Some(hashes);
+        }
+        if level.is_some() {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The sweeper sweeps each kind on its own: a kind whose every transition

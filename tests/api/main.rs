@@ -34,6 +34,7 @@ mod auth; // who may call what, tokens never logged
 mod catch_up; // one due delivery applies every order of its kind already due
 mod core; // the core promises, every backend and delay mode
 mod dashboard; // the Grafana dashboard's queries name real metrics
+mod encodings; // x-delay: the type each publisher example sends, every integer type read
 mod events; // domain events: each committed transition told once, consumer examples
 mod examples; // publishers in other languages (Python, Node, curl)
 mod hardening; // failure paths a well-formed flow never reaches

@@ -182,7 +182,7 @@ fn mall_schema(backend: Backend) -> Vec<&'static str> {
     }
 }
 
-/// The mall mapping, as the README's worked example writes it: closing an
+/// The mall mapping, as the worked example of docs/mapped-mode.md writes it: closing an
 /// unpaid order sets `status` 0 → 4 and gives its items back from
 /// `lock_stock`; a delivered order never confirmed goes 2 → 3.
 fn mall_mapping(spawn: Spawn, text_ids: bool) -> Spawn {
@@ -1036,9 +1036,9 @@ async fn refuses_a_mapping_that_does_not_match() {
     );
 }
 
-/// The README's worked example, `config/mall.toml`, is the mapping the mall
-/// tests run (the file read as `--config` reads it), and the README shows
-/// the file as it is.
+/// The worked example of docs/mapped-mode.md, `config/mall.toml`, is the
+/// mapping the mall tests run (the file read as `--config` reads it), and
+/// the page shows the file as it is.
 #[test]
 fn the_worked_example_is_the_tested_mapping() {
     use order_timeout::settings::{Settings, SettingsSource};
@@ -1065,10 +1065,10 @@ fn the_worked_example_is_the_tested_mapping() {
     .expect("the tests' mapping loads");
     assert_eq!(from_file.mapping, tested.mapping);
     let text = std::fs::read_to_string(&file).unwrap();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let page = std::fs::read_to_string(root.join("docs/mapped-mode.md")).unwrap();
     assert!(
-        readme.contains(&text),
-        "README.md must show config/mall.toml as it is"
+        page.contains(&text),
+        "docs/mapped-mode.md must show config/mall.toml as it is"
     );
 }
 

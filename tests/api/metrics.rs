@@ -1,4 +1,4 @@
-//! Every metric the README documents shows up after one timeout cycle that
+//! Every metric docs/operations.md documents shows up after one timeout cycle that
 //! touches each of them, with the value the cycle gives it: counters equal
 //! what the test did, the histogram is consistent, gauges are back at rest.
 
@@ -12,10 +12,10 @@ use serde_json::json;
 use crate::dashboard::check_dashboard_metrics;
 use crate::helpers::*;
 
-/// Metric names in the README's metrics table (`order_timeout_` prefixed).
+/// Metric names in the metrics table of docs/operations.md (`order_timeout_` prefixed).
 fn documented_metrics() -> Vec<String> {
-    let readme = std::fs::read_to_string(repo_path("README.md")).unwrap();
-    let table: Vec<&str> = readme
+    let page = std::fs::read_to_string(repo_path("docs/operations.md")).unwrap();
+    let table: Vec<&str> = page
         .lines()
         .skip_while(|l| !l.starts_with("| metric | labels | meaning |"))
         .skip(2)
@@ -33,7 +33,10 @@ fn documented_metrics() -> Vec<String> {
                 .collect::<Vec<_>>()
         })
         .collect();
-    assert!(names.len() >= 19, "README metrics table parsed: {names:?}");
+    assert!(
+        names.len() >= 19,
+        "docs/operations.md metrics table parsed: {names:?}"
+    );
     names
 }
 
@@ -227,7 +230,7 @@ async fn database_failure_pauses_the_consumer(app: &TestApp, far: &str) {
     .await;
 }
 
-/// Each metric in the README's table has a TYPE line and at least one sample
+/// Each metric in the table of docs/operations.md has a TYPE line and at least one sample
 /// (`_count` for a histogram).
 fn assert_every_documented_metric_sampled(text: &str, s: &[(String, String, f64)]) {
     for name in documented_metrics() {

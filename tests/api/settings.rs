@@ -1,6 +1,7 @@
 //! The binary's contracts: a wrong setting stops start-up naming the key;
-//! `doctor` reports and exits by what it found; `schedule` publishes per the
-//! wire contract.
+//! `config` prints the settings in effect without their secrets; `doctor`
+//! reports and exits by what it found; `schedule` publishes per the wire
+//! contract.
 
 use std::process::Command;
 use std::time::Duration;
@@ -39,10 +40,11 @@ fn wrong_settings_stop_start_up_naming_the_key() {
 /// naming the key, and prints the URL only redacted.
 #[test]
 fn malformed_urls_never_print_their_password_in_any_command() {
-    let commands: [&[&str]; 5] = [
+    let commands: [&[&str]; 6] = [
         &["serve"],
         &["migrate", "status"],
         &["doctor"],
+        &["config"],
         &["schedule", "--order-id", "1", "--in", "1s"],
         &["demo"],
     ];
@@ -98,6 +100,106 @@ fn malformed_urls_never_print_their_password_in_any_command() {
             assert!(!all.contains("hunter2"), "{command:?} {url}: {all}");
         }
     }
+}
+
+/// Runs the binary with `args` and `env`; its exit code, stdout and stderr.
+fn run_bin(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("binary runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// A settings file's lines without the `# from …` marks of `config`.
+fn unmarked(printed: &str) -> Vec<&str> {
+    let lines = printed.lines();
+    lines
+        .map(|l| l.split("  # from ").next().unwrap_or(l))
+        .collect()
+}
+
+/// `config` prints what the file and the environment set, each saying where
+/// from, and never a password or token; printed, it is a settings file again:
+/// read back (the redacted tokens given for real in the environment, as they
+/// should be), it prints the same settings.
+#[test]
+fn config_prints_the_settings_in_effect_without_secrets() {
+    let dir = std::env::temp_dir().join(format!("ot-config-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("order-timeout.toml");
+    std::fs::write(
+        &file,
+        r#"
+[amqp]
+url = "amqp://svc:hunter2-mq@127.0.0.1:5672/%2f"
+prefix = "file.prefix"
+[http]
+admin_tokens = "hunter2-admin-0123456789"
+[windows]
+payment = "10m"
+"#,
+    )
+    .unwrap();
+    let file = file.display().to_string();
+    let checkout = (
+        "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
+        "hunter2-checkout-0123",
+    );
+    let admin = (
+        "ORDER_TIMEOUT__HTTP__ADMIN_TOKENS",
+        "hunter2-admin-0123456789",
+    );
+    let (code, printed, stderr) = run_bin(
+        &["--config", &file, "config"],
+        &[("ORDER_TIMEOUT__AMQP__PREFIX", "env.prefix"), checkout],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    for line in [
+        "prefix = \"env.prefix\"  # from env ORDER_TIMEOUT__AMQP__PREFIX".to_string(),
+        format!("payment = \"10m\"  # from file {file}"),
+        format!("url = \"amqp://svc:***@127.0.0.1:5672/%2f\"  # from file {file}"),
+        format!("admin_tokens = \"***\"  # from file {file}"),
+        "checkout_tokens = \"***\"  # from env ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS".to_string(),
+        // What nobody set is as shipped.
+        "receipt = \"14d\"".to_string(),
+        "# table = \"\"".to_string(),
+    ] {
+        assert!(printed.lines().any(|l| l == line), "{line}\n{printed}");
+    }
+    assert!(!printed.contains("hunter2"), "{printed}");
+
+    let again = dir.join("printed.toml").display().to_string();
+    std::fs::write(&again, &printed).unwrap();
+    // Read back as it is, a redacted token is refused by name, never taken
+    // for a token.
+    let (code, stdout, stderr) = run_bin(&["--config", &again, "config"], &[]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("`http.checkout_tokens`") && stderr.contains("redacted"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    let (code, reprinted, stderr) = run_bin(&["--config", &again, "config"], &[checkout, admin]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(unmarked(&reprinted), unmarked(&printed));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `config --defaults` is the shipped file, whatever the environment says;
+/// `config` with a wrong value stops like every command, naming the key.
+#[test]
+fn config_defaults_is_the_shipped_file_and_a_wrong_value_stops_config() {
+    let wrong = ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "fast");
+    let (code, stdout, stderr) = run_bin(&["config", "--defaults"], &[wrong]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout, include_str!("../../config/order-timeout.toml"));
+    let (code, stdout, stderr) = run_bin(&["config"], &[wrong]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("`amqp.delay_mode`"), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
 }
 
 #[test]
