@@ -13,6 +13,8 @@
 #   make chaos   minutes of injected faults, then a ledger check (docs/RELIABILITY.md)
 #   make bench   burst, steady load, checkout and the machine's ceiling (docs/BENCHMARKS.md)
 #   make bench-million  a million pending timers in ttl mode: memory and scheduling time
+#   make dist    target/dist/order-timeout_<version>_amd64.deb: binary, config, systemd unit (packaging/)
+#   make test-dist  install that package here (root), run it as its unit would, then purge it
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -23,7 +25,7 @@ PYTHON := $(VENV)/bin/python
 # database pools, and timing-bound tests then fail for want of CPU.
 TEST_THREADS ?= 8
 
-.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster
+.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist
 
 run: broker
 	$(CARGO) run --release -- serve
@@ -55,6 +57,16 @@ test: services examples-deps tools lint
 	@# These restart the broker application: alone, after everything else.
 	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 broker_restart,$(FORGET_DELAYED))
 	bash scripts/readme-example.sh ttl plugin
+	$(MAKE) test-dist
+
+# The same workspace build as `make test`, so neither rebuilds the other's
+# dependencies with different features.
+dist:
+	$(CARGO) build --release --locked --workspace
+	bash scripts/dist.sh
+
+test-dist: dist
+	bash scripts/dist-test.sh target/dist/order-timeout_*.deb
 
 # Another broker (RabbitMQ 4, say): the core scenarios in both modes and the
 # publisher examples. MariaDB variants are left to `make test`. TEST_RABBITMQCTL
