@@ -25,7 +25,7 @@ PYTHON := $(VENV)/bin/python
 # database pools, and timing-bound tests then fail for want of CPU.
 TEST_THREADS ?= 8
 
-.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist
+.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts
 
 run: broker
 	$(CARGO) run --release -- serve
@@ -52,6 +52,7 @@ $(1); s=$$?; $(2) || exit 1; exit $$s
 endef
 
 test: services examples-deps tools lint
+	$(MAKE) test-alerts
 	$(CARGO) build --release --locked --workspace
 	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --workspace -- --test-threads=$(TEST_THREADS),$(FORGET_DELAYED))
 	@# These restart the broker application: alone, after everything else.
@@ -127,6 +128,14 @@ test-cluster: databases cluster
 tools:
 	@command -v socat >/dev/null || (apt-get update -qq && apt-get install -y -qq socat)
 	@command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq openssl)
+	@# promtool comes with Prometheus; the server the package would start is not wanted here.
+	@command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus \
+		&& (systemctl disable --now prometheus 2>/dev/null || true))
+
+# The alert rules are valid, and each fires on its condition and only then.
+test-alerts: tools
+	promtool check rules rabbitmq/prometheus/alerts.yml
+	cd rabbitmq/prometheus && promtool test rules alerts_test.yml
 
 # Client libraries of the publisher examples: pika and amqplib from their
 # registries, each redone only when its lock or requirements file changes; Go,

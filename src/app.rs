@@ -16,7 +16,7 @@ use crate::amqp::{self, consumer, relay, router};
 use crate::context::{Context, Role};
 use crate::orders::Orders;
 use crate::settings::Settings;
-use crate::{db, http, server, sweeper};
+use crate::{db, gauges, http, server, sweeper};
 
 /// How long shutdown may take before remaining tasks are abandoned.
 pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
@@ -119,6 +119,7 @@ impl Application {
             tasks.spawn(sweeper::run(ctx.clone(), shutdown.clone()));
         }
         tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
+        tasks.spawn(gauges::run(ctx.clone(), shutdown.clone()));
         if let Some(api) = ctx.settings.amqp.management.clone() {
             tasks.spawn(management::monitor(
                 ctx.clone(),

@@ -13,6 +13,7 @@
 //! - [`context`]: what the components share (settings, pools, events, health, roles);
 //! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
+//! - [`gauges`]: the on-call gauges of pending and overdue orders, read from the database;
 //! - [`auth`]: bearer tokens, their scopes, and what each route needs;
 //! - [`http`]: the JSON API and its OpenAPI document;
 //! - [`server`]: serving the API with timeouts and caps;
@@ -32,6 +33,7 @@ pub mod demo;
 pub mod doctor;
 pub mod domain;
 pub mod events;
+pub mod gauges;
 pub mod http;
 pub mod http_client;
 pub mod orders;

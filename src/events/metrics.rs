@@ -53,6 +53,11 @@ pub(super) struct Metrics {
     pub(super) delay_mode: Family<Labels1, Gauge>,
     pub(super) blocked: Family<Labels1, Counter>,
     pub(super) task_panics: Family<Labels1, Counter>,
+    pub(super) pending_timeouts: Family<Labels1, Gauge>,
+    pub(super) overdue_orders: Family<Labels1, Gauge>,
+    pub(super) oldest_overdue: Family<Labels1, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub(super) database_up: Gauge,
+    pub(super) broker_connected: Family<Labels1, Gauge>,
 }
 
 /// Registers `metric` under `name` and returns it: a metric is a handle, so
@@ -271,6 +276,36 @@ impl Metrics {
                 "task_panics",
                 "Tasks that panicked (a bug: the role restarts on a new connection), by role",
                 Family::<Labels1, Counter>::default(),
+            ),
+            pending_timeouts: registered(
+                &mut registry,
+                "pending_timeouts",
+                "Orders waiting for a timeout of the kind (in the status it acts on), read from the database every metrics.gauge_interval; absent while it cannot be read",
+                Family::<Labels1, Gauge>::default(),
+            ),
+            overdue_orders: registered(
+                &mut registry,
+                "overdue_orders",
+                "Of those, the orders past their deadline by more than metrics.overdue_after: must be 0",
+                Family::<Labels1, Gauge>::default(),
+            ),
+            oldest_overdue: registered(
+                &mut registry,
+                "oldest_overdue_seconds",
+                "How long ago the deadline of the oldest overdue order of the kind passed (0 when none is)",
+                Family::<Labels1, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
+            ),
+            database_up: registered(
+                &mut registry,
+                "database_up",
+                "1 when the last reading of the order gauges succeeded, 0 when the database failed it",
+                Gauge::default(),
+            ),
+            broker_connected: registered(
+                &mut registry,
+                "broker_connected",
+                "1 while a broker role's connection is up, 0 while it is down or reconnecting, by role",
+                Family::<Labels1, Gauge>::default(),
             ),
             registry,
         }

@@ -11,7 +11,7 @@ mod metrics;
 use metrics::Metrics;
 
 use crate::db::events::EVENTS;
-use crate::db::store::{Outbox, OutboxState};
+use crate::db::store::{Backlog, Outbox, OutboxState};
 use crate::domain::{Action, Millis, OrderId, OrderKey, OrderStatus, TimeoutKind};
 
 /// The service's events: each function logs one thing that happened and
@@ -23,6 +23,8 @@ pub struct Events {
     stages_unreadable: AtomicBool,
     /// Whether the last readiness check found the database down (logged on change only).
     database_unready: AtomicBool,
+    /// Whether the last reading of the order gauges failed (logged on change only).
+    backlog_unreadable: AtomicBool,
 }
 
 impl Events {
@@ -32,6 +34,7 @@ impl Events {
             m: Metrics::new(),
             stages_unreadable: AtomicBool::new(false),
             database_unready: AtomicBool::new(false),
+            backlog_unreadable: AtomicBool::new(false),
         };
         // These series exist from the start, at zero, so a rate or an alert
         // over them is never empty.
@@ -405,6 +408,47 @@ impl Events {
         }
     }
 
+    /// The order gauges were read: each kind's backlog (kinds that act on
+    /// nothing have no series).
+    pub fn backlog_read(&self, backlogs: &[(TimeoutKind, Backlog)]) {
+        for (kind, backlog) in backlogs {
+            let label = [("kind", kind.as_str())];
+            let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            self.m
+                .pending_timeouts
+                .get_or_create(&label)
+                .set(gauge(backlog.pending));
+            self.m
+                .overdue_orders
+                .get_or_create(&label)
+                .set(gauge(backlog.overdue));
+            self.m
+                .oldest_overdue
+                .get_or_create(&label)
+                .set(backlog.oldest_overdue.as_secs_f64());
+        }
+        self.m.database_up.set(1);
+        if self.backlog_unreadable.swap(false, Ordering::Relaxed) {
+            tracing::info!("the order gauges are readable again");
+        }
+    }
+
+    /// The order gauges could not be read: they are withdrawn rather than
+    /// left at a stale value (a stale 0 would hide overdue orders), and
+    /// `database_up` says why.
+    pub fn backlog_unreadable(&self, error: &str) {
+        self.m.pending_timeouts.clear();
+        self.m.overdue_orders.clear();
+        self.m.oldest_overdue.clear();
+        self.m.database_up.set(0);
+        if !self.backlog_unreadable.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                error,
+                "cannot read the order gauges from the database; pending_timeouts, overdue_orders and oldest_overdue_seconds are withdrawn until it can"
+            );
+        }
+    }
+
     /// `/readyz` checked the database: `Some(error)` when it did not answer.
     /// Logged when the answer changes, not on every probe.
     pub fn database_checked(&self, error: Option<&str>) {
@@ -428,6 +472,10 @@ impl Events {
             .broker_connects
             .get_or_create(&[("role", role)])
             .inc();
+        self.m
+            .broker_connected
+            .get_or_create(&[("role", role)])
+            .set(1);
         tracing::info!(role, connection = name, node, "connected to the broker");
     }
 
@@ -437,6 +485,10 @@ impl Events {
             .broker_disconnects
             .get_or_create(&[("role", role)])
             .inc();
+        self.m
+            .broker_connected
+            .get_or_create(&[("role", role)])
+            .set(0);
         tracing::warn!(
             role,
             error,

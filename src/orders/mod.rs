@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sea_orm::{DatabaseConnection, DbErr};
 
-use crate::db::store::{self, Cause, ExpiryOutcome};
+use crate::db::store::{self, Backlog, Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderId, OrderKey, TimeoutKind};
 use crate::settings::{OrdersSource, Settings};
 pub use mapped::{Mapped, MappingError};
@@ -181,6 +181,22 @@ impl Orders {
         match self {
             Self::Owned => store::probe(db, kind).await,
             Self::Mapped(m) => m.probe(db, kind).await,
+        }
+    }
+
+    /// The orders waiting for a timeout of `kind` at `now`, overdue meaning
+    /// past the deadline by more than `overdue_after`; `None` when timeouts
+    /// of `kind` act on nothing. The same condition as [`Orders::overdue`].
+    pub async fn backlog(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        overdue_after: Duration,
+    ) -> Result<Option<Backlog>, DbErr> {
+        match self {
+            Self::Owned => store::backlog(db, kind, now, overdue_after).await.map(Some),
+            Self::Mapped(m) => m.backlog(db, kind, overdue_after).await,
         }
     }
 

@@ -92,6 +92,12 @@ pub(super) const SECTIONS: &[Section] = &[
         opt_in: false,
     },
     Section {
+        doc: "The order gauges: orders waiting for each timeout, and those overdue (docs/operations.md, Monitoring).",
+        keys: METRICS,
+        check: None,
+        opt_in: false,
+    },
+    Section {
         doc: "Logging, to standard error.",
         keys: LOG,
         check: None,
@@ -562,6 +568,38 @@ const SWEEPER: &[Key] = &[
     },
 ];
 
+const METRICS: &[Key] = &[
+    Key {
+        name: "metrics.gauge_interval",
+        doc: "How often the order gauges are read from the database, one query per kind (100ms to 1h).",
+        // Prometheus scrapes every 15 s to 1 min: a reading per scrape at most.
+        default: "15s",
+        read: |k, v, s| {
+            set(
+                &mut s.metrics.gauge_interval,
+                parse_duration(k, v, Duration::from_millis(100), Duration::from_secs(3600)),
+            )
+        },
+        show: |s| time(s.metrics.gauge_interval),
+        secret: None,
+    },
+    Key {
+        name: "metrics.overdue_after",
+        doc: "How long past its deadline a waiting order must be to count in overdue_orders (0 to 30d).",
+        // As sweeper.grace: an order this late is one the sweeper takes in
+        // its next pass, so a lost timer shows for at most sweeper.interval.
+        default: "60s",
+        read: |k, v, s| {
+            set(
+                &mut s.metrics.overdue_after,
+                parse_duration(k, v, Duration::ZERO, DAY * 30),
+            )
+        },
+        show: |s| time(s.metrics.overdue_after),
+        secret: None,
+    },
+];
+
 const LOG: &[Key] = &[
     Key {
         name: "log.format",
@@ -865,6 +903,10 @@ impl Settings {
                 interval: Duration::ZERO,
                 grace: Duration::ZERO,
                 batch_size: 0,
+            },
+            metrics: MetricsSettings {
+                gauge_interval: Duration::ZERO,
+                overdue_after: Duration::ZERO,
             },
             log: LogSettings {
                 format: LogFormat::Pretty,

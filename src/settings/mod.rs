@@ -268,6 +268,16 @@ pub struct SweeperSettings {
     pub batch_size: u64,
 }
 
+/// `metrics.*`: the gauges read from the orders table.
+#[derive(Debug, Clone)]
+pub struct MetricsSettings {
+    /// Time between two readings of the order gauges.
+    pub gauge_interval: Duration,
+    /// How long past its deadline an order still waiting for its timeout
+    /// must be to count as overdue.
+    pub overdue_after: Duration,
+}
+
 /// `log.*`
 #[derive(Debug, Clone)]
 pub struct LogSettings {
@@ -294,6 +304,8 @@ pub struct Settings {
     pub relay: RelaySettings,
     /// The sweeper.
     pub sweeper: SweeperSettings,
+    /// The order gauges.
+    pub metrics: MetricsSettings,
     /// Logging.
     pub log: LogSettings,
     /// Whose orders the timeouts act on, and how a shop's table is mapped.

@@ -521,6 +521,8 @@ fn another_value(key: &str, ca_file: &str) -> String {
         "sweeper.interval" => "1m",
         "sweeper.grace" => "2m",
         "sweeper.batch_size" => "7",
+        "metrics.gauge_interval" => "1m",
+        "metrics.overdue_after" => "5m",
         "log.format" => "json",
         "log.level" => "debug",
         other => panic!("no other value for `{other}`: add one to this test"),

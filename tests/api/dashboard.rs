@@ -123,6 +123,11 @@ fn grafana_dashboard_is_well_formed() {
         "order_timeout_late_payments_total",
         "order_timeout_consumer_pauses_total",
         "order_timeout_broker_disconnects_total",
+        "order_timeout_overdue_orders",
+        "order_timeout_oldest_overdue_seconds",
+        "order_timeout_pending_timeouts",
+        "order_timeout_broker_connected",
+        "order_timeout_database_up",
         "rabbitmq_queue_messages_ready",
     ] {
         assert!(all.contains(family), "the dashboard shows {family}");

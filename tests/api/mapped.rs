@@ -142,7 +142,7 @@ async fn early_payments(app: &TestApp) -> f64 {
 
 // ---------------------------------------------------------------- the mall
 
-fn mall_schema(backend: Backend) -> Vec<&'static str> {
+pub(crate) fn mall_schema(backend: Backend) -> Vec<&'static str> {
     match backend {
         Backend::Postgres => vec![
             "CREATE TABLE oms_order (id BIGINT PRIMARY KEY, member_id BIGINT NOT NULL, \
@@ -185,7 +185,7 @@ fn mall_schema(backend: Backend) -> Vec<&'static str> {
 /// The mall mapping, as the worked example of docs/mapped-mode.md writes it: closing an
 /// unpaid order sets `status` 0 → 4 and gives its items back from
 /// `lock_stock`; a delivered order never confirmed goes 2 → 3.
-fn mall_mapping(spawn: Spawn, text_ids: bool) -> Spawn {
+pub(crate) fn mall_mapping(spawn: Spawn, text_ids: bool) -> Spawn {
     let (id, items_order) = if text_ids {
         ("order_sn", "order_sn")
     } else {

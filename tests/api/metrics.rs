@@ -74,6 +74,7 @@ async fn every_documented_metric_after_a_timeout_cycle() {
             .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
             .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "1s")
             .env("ORDER_TIMEOUT__SWEEPER__GRACE", "1s")
+            .env("ORDER_TIMEOUT__METRICS__GAUGE_INTERVAL", "200ms")
             // Long enough to hold an early message while the test closes connections.
             .env("ORDER_TIMEOUT__CONSUMER__HOLD_MAX", "5s"),
     )
@@ -93,6 +94,24 @@ async fn every_documented_metric_after_a_timeout_cycle() {
                 .await;
             let backlog = app.metric("order_timeout_events_backlog", &[]).await;
             (published == 10.0 && backlog == 0.0).then_some(())
+        },
+    )
+    .await;
+    // The order gauges read again since the database came back: the far
+    // order waits for its payment, the paid one for its shipping.
+    wait_until(
+        Duration::from_secs(10),
+        "the order gauges at rest",
+        || async {
+            let pending = |kind: &'static str| {
+                let app = &app;
+                async move {
+                    let label = format!("kind=\"{kind}\"");
+                    app.metric("order_timeout_pending_timeouts", &[&label])
+                        .await
+                }
+            };
+            (pending("payment").await == 1.0 && pending("fulfillment").await == 1.0).then_some(())
         },
     )
     .await;
@@ -209,6 +228,14 @@ async fn database_failure_pauses_the_consumer(app: &TestApp, far: &str) {
         .await
         .unwrap();
     app.publish_timeout(far, "payment", 1).await;
+    // The order gauges cannot be read: withdrawn, and the database said down.
+    wait_until(Duration::from_secs(10), "database_up 0", || async {
+        let text = app.metrics().await;
+        (text.contains("\norder_timeout_database_up 0\n")
+            && !text.contains("\norder_timeout_pending_timeouts{"))
+        .then_some(())
+    })
+    .await;
     wait_until(Duration::from_secs(10), "a consumer pause", || async {
         (app.metric("order_timeout_consumer_pauses_total", &["role=\"payment\""])
             .await
@@ -345,6 +372,15 @@ fn assert_counters_match_the_cycle(s: &[(String, String, f64)]) {
     eq("order_timeout_events_backlog", &[], 0.0);
     eq("order_timeout_events_oldest_age_seconds", &[], 0.0);
     eq("order_timeout_events_set_aside", &[], 0.0);
+    // The order gauges: the far order waits for its payment, the paid one
+    // for its shipping; none overdue.
+    eq("order_timeout_database_up", &[], 1.0);
+    for (kind, pending) in [("payment", 1.0), ("fulfillment", 1.0), ("receipt", 0.0)] {
+        let label = format!("kind=\"{kind}\"");
+        eq("order_timeout_pending_timeouts", &[&label], pending);
+        eq("order_timeout_overdue_orders", &[&label], 0.0);
+        eq("order_timeout_oldest_overdue_seconds", &[&label], 0.0);
+    }
 }
 
 /// Deliveries through each queue, consumer pauses, and each broker role's
@@ -372,6 +408,11 @@ fn assert_deliveries_and_connections(s: &[(String, String, f64)]) {
         let disconnects = sum(s, "order_timeout_broker_disconnects_total", &[&label]);
         assert!(disconnects >= 1.0, "{role} disconnects");
         assert!(connects >= disconnects + 1.0, "{role}: {connects} connects");
+        assert_eq!(
+            sum(s, "order_timeout_broker_connected", &[&label]),
+            1.0,
+            "{role} connected"
+        );
     }
 }
 

@@ -1,7 +1,9 @@
 //! Timeouts: the conditional transition of each kind, in batches, for the
-//! consumers and the sweeper, and the sweeper's query for overdue orders.
+//! consumers and the sweeper, the sweeper's query for overdue orders, and
+//! the on-call gauges' count of them.
 
 use sea_orm::UpdateMany;
+use sea_orm::sea_query::Asterisk;
 
 use super::*;
 
@@ -263,4 +265,57 @@ pub async fn overdue(
         .into_iter()
         .map(|(id, at)| (OrderId::new(id), Millis(at)))
         .collect())
+}
+
+/// The orders waiting for a timeout of one kind, for the on-call gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Orders the timeout would act on once due: in the status it acts on
+    /// (and, for fulfillment, not flagged yet).
+    pub pending: u64,
+    /// Of those, the ones past their deadline by more than the threshold asked for.
+    pub overdue: u64,
+    /// How long ago the oldest overdue one's deadline passed (zero when none is).
+    pub oldest_overdue: Duration,
+}
+
+/// The backlog of `kind` at `now`, overdue meaning past the deadline by more
+/// than `overdue_after`: one aggregate over the sweeper's condition, which the
+/// index on (status, deadline) answers.
+pub async fn backlog(
+    db: &DatabaseConnection,
+    kind: TimeoutKind,
+    now: Millis,
+    overdue_after: Duration,
+) -> Result<Backlog, DbErr> {
+    let deadline = deadline_column(kind);
+    let before = now.minus(overdue_after);
+    // No ELSE: COUNT skips the NULL of every order not overdue, and COUNT
+    // is a BIGINT on every backend (a SUM is a NUMERIC on PostgreSQL).
+    let overdue: Expr = CaseStatement::new().case(deadline.lt(before.0), 1).into();
+    // COUNT(*) and the deadline only: an index-only scan of that index.
+    let mut query = orders::Entity::find()
+        .select_only()
+        .expr(Expr::col(Asterisk).count())
+        .expr(overdue.count())
+        .expr(Expr::col(deadline).min())
+        .filter(orders::Column::Status.eq(kind.acts_on().as_str()));
+    if kind == TimeoutKind::Fulfillment {
+        query = query.filter(orders::Column::FulfillmentOverdueAtMs.is_null());
+    }
+    let (pending, overdue, oldest): (i64, i64, Option<i64>) = query
+        .into_tuple()
+        .one(db)
+        .await?
+        .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
+    let overdue = u64::try_from(overdue).unwrap_or(0);
+    Ok(Backlog {
+        pending: u64::try_from(pending).unwrap_or(0),
+        overdue,
+        // The oldest deadline of all is the oldest overdue one, if any is.
+        oldest_overdue: match oldest {
+            Some(at) if overdue > 0 => now.since(Millis(at)),
+            _ => Duration::ZERO,
+        },
+    })
 }

@@ -41,7 +41,7 @@ pub use actions::act;
 pub use checkout::checkout;
 use checkout::enqueue;
 use expiry::apply_expiry;
-pub use expiry::{applied_earlier, expire, overdue, probe};
+pub use expiry::{Backlog, applied_earlier, backlog, expire, overdue, probe};
 pub use publishing::{
     CLAIM_LEASE, Outbox, OutboxState, Relayed, is_deadlock, outbox_backlog, outbox_claim,
     outbox_delete, outbox_refused, outbox_release, outbox_set_aside,

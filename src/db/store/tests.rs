@@ -469,3 +469,66 @@ async fn the_event_outbox_is_claimed_refused_and_set_aside_like_the_timeout_outb
         1
     );
 }
+
+/// The gauges' reading: the sweeper's condition per kind, overdue past the
+/// threshold, the oldest's age; a timeout applied leaves it at once.
+#[tokio::test]
+async fn backlog_counts_what_waits_and_what_is_overdue() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 10, now).await.unwrap();
+    let mut ids = Vec::new();
+    for window in [1, 2, 100] {
+        let order = checkout(&db, &[line("A", 1)], Duration::from_secs(window), now, None)
+            .await
+            .unwrap();
+        ids.push(order.id);
+    }
+    let after = Duration::from_secs(2);
+    let payment = |at: i64| backlog(&db, TimeoutKind::Payment, Millis(at), after);
+    let none = Backlog {
+        pending: 3,
+        overdue: 0,
+        oldest_overdue: Duration::ZERO,
+    };
+    // Past the deadline, but not by more than the threshold: not overdue.
+    assert_eq!(payment(1_003_000).await.unwrap(), none);
+    assert_eq!(
+        payment(1_004_500).await.unwrap(),
+        Backlog {
+            pending: 3,
+            overdue: 2,
+            oldest_overdue: Duration::from_millis(3_500),
+        }
+    );
+    // A paid order waits for its shipping instead.
+    act(&db, ids[2], Action::Pay, &windows(), now)
+        .await
+        .unwrap();
+    let fulfillment = backlog(&db, TimeoutKind::Fulfillment, Millis(1_004_500), after)
+        .await
+        .unwrap();
+    assert_eq!((fulfillment.pending, fulfillment.overdue), (1, 0));
+    // The oldest applied: the next one is the oldest now.
+    expire(
+        &db,
+        TimeoutKind::Payment,
+        &ids[..1],
+        Millis(1_004_500),
+        Cause::Sweeper,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        payment(1_004_500).await.unwrap(),
+        Backlog {
+            pending: 1,
+            overdue: 1,
+            oldest_overdue: Duration::from_millis(2_500),
+        }
+    );
+    let receipt = backlog(&db, TimeoutKind::Receipt, Millis(1_004_500), after)
+        .await
+        .unwrap();
+    assert_eq!(receipt, Backlog::default());
+}

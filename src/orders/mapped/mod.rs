@@ -23,7 +23,7 @@ use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait, Value,
 };
 
-use crate::db::store::{Cause, ExpiryOutcome, LIST_CHUNK};
+use crate::db::store::{Backlog, Cause, ExpiryOutcome, LIST_CHUNK};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 pub use schema::MappingError;
 use sql::{Dialect, Sql, Ty};
@@ -536,6 +536,60 @@ impl Mapped {
             }
         }
         Ok(page)
+    }
+
+    /// The orders waiting for a timeout of `kind`, overdue meaning past the
+    /// deadline by more than `overdue_after` by the database's clock (as the
+    /// sweeper reckons it); `None` when the mapping has no such kind.
+    pub async fn backlog(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        overdue_after: Duration,
+    ) -> Result<Option<Backlog>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(None);
+        };
+        let d = self.dialect;
+        let clock = d.now(&k.deadline_ty);
+        let overdue = format!(
+            "COUNT(CASE WHEN {} <= {clock} - {} THEN 1 END)",
+            k.deadline,
+            d.interval_ms(overdue_after.as_millis())
+        );
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {}, {}, {} FROM {} WHERE {} = ",
+            d.as_bigint("COUNT(*)"),
+            d.as_bigint(&overdue),
+            d.millis_until(&format!("MIN({})", k.deadline), clock),
+            self.table,
+            self.status
+        ))
+        .bind(k.from.clone());
+        if let Target::Flag(column, _) = &k.target {
+            sql.push(&format!(" AND {column} IS NULL"));
+        }
+        let row = db
+            .query_one_raw(sql.build())
+            .await?
+            .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
+        let count = |i: usize| -> Result<u64, DbErr> {
+            Ok(u64::try_from(row.try_get_by_index::<i64>(i)?).unwrap_or(0))
+        };
+        let overdue = count(1)?;
+        // Milliseconds until the oldest deadline: negative once it passed.
+        let until: Option<i64> = row.try_get_by_index(2)?;
+        Ok(Some(Backlog {
+            pending: count(0)?,
+            overdue,
+            oldest_overdue: match until {
+                Some(ms) if overdue > 0 => {
+                    Duration::from_millis(u64::try_from(ms.saturating_neg()).unwrap_or(0))
+                }
+                _ => Duration::ZERO,
+            },
+        }))
     }
 
     /// How many orders wait in the status `kind` acts on, and how many of

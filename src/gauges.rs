@@ -1,0 +1,43 @@
+//! The on-call gauges: every `metrics.gauge_interval`, how many orders wait
+//! for a timeout of each kind, how many of them are overdue by more than
+//! `metrics.overdue_after` (the number that must be zero), and how late the
+//! oldest is. Read from the database, not counted from events, so they hold
+//! whatever happened to the messages and whichever instance applies the
+//! timeouts; every instance reads the same numbers.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+use crate::domain::{Millis, TimeoutKind};
+
+/// Reads the gauges at once, then every interval until shutdown.
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+    loop {
+        refresh(&ctx, Millis::now()).await;
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(ctx.settings.metrics.gauge_interval) => {}
+        }
+    }
+}
+
+/// One reading of every kind the orders map. All or nothing: a kind that
+/// fails withdraws every series, so no gauge shows one reading next to
+/// another's.
+pub async fn refresh(ctx: &Context, now: Millis) {
+    let overdue_after = ctx.settings.metrics.overdue_after;
+    let mut backlogs = Vec::new();
+    for kind in TimeoutKind::ALL {
+        match ctx.orders.backlog(&ctx.db, kind, now, overdue_after).await {
+            Ok(Some(backlog)) => backlogs.push((kind, backlog)),
+            Ok(None) => {}
+            Err(e) => {
+                ctx.events.backlog_unreadable(&e.to_string());
+                return;
+            }
+        }
+    }
+    ctx.events.backlog_read(&backlogs);
+}
