@@ -38,7 +38,8 @@ const NODES: [(u16, &str); 3] = [
     (5682, "ot-cluster-2@localhost"),
     (5683, "ot-cluster-3@localhost"),
 ];
-/// The management API of the cluster (any node answers for all).
+/// The management API of the cluster (any node answers for all, while it is
+/// up): node 1's. [`cluster_api_on`] asks another.
 const MANAGEMENT: &str = "http://127.0.0.1:15681/api";
 /// The sweeper's grace: long enough that a cancel by the sweeper means a
 /// timer the broker lost, not one that was merely late.
@@ -46,6 +47,12 @@ const GRACE_S: u64 = 30;
 
 fn cluster_api() -> Management {
     Management::new(MANAGEMENT, Duration::from_secs(10)).expect("management API URL")
+}
+
+/// The management API of node `node` (0-based): its AMQP port plus 10,000.
+fn cluster_api_on(node: usize) -> Management {
+    let url = format!("http://127.0.0.1:{}/api", NODES[node].0 + 10_000);
+    Management::new(&url, Duration::from_secs(10)).expect("management API URL")
 }
 
 /// `scripts/cluster.sh ARGS…`.
@@ -294,8 +301,9 @@ async fn connected_nodes(world: &World, i: usize) -> String {
 }
 
 /// The queues holding messages, with their count and leader.
-async fn waiting(vhost: &str) -> String {
-    let queues = cluster_api()
+async fn waiting(vhost: &str, lost: usize) -> String {
+    // Asked of a node that is up: the lost one answers nothing.
+    let queues = cluster_api_on((lost + 1) % NODES.len())
         .get(&format!(
             "/queues/{vhost}?columns=name,messages,messages_ready,messages_unacknowledged,leader,members,online"
         ))
@@ -414,7 +422,7 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
         tokio::time::sleep(Duration::from_secs(wait)).await;
         println!(
             "cluster: timers waiting {at} s into the loss: {}",
-            waiting(&world.vhost).await
+            waiting(&world.vhost, node).await
         );
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
