@@ -3,6 +3,7 @@
 //! mode `auto` would choose, and the topology. Exits non-zero on any problem.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -129,10 +130,14 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
         );
     }
     for kind in TimeoutKind::ALL {
-        match mapped.census(conn, kind).await {
-            Ok(Some((waiting, overdue))) => report.ok(
+        // The on-call gauges' reading, with no threshold: past the deadline now.
+        match mapped.backlog(conn, kind, Duration::ZERO).await {
+            Ok(Some(backlog)) => report.ok(
                 "orders",
-                format!("{kind}: {waiting} waiting, {overdue} of them past the deadline now"),
+                format!(
+                    "{kind}: {} waiting, {} of them past the deadline now",
+                    backlog.pending, backlog.overdue
+                ),
             ),
             Ok(None) => {}
             Err(e) => report.fail("orders", format!("{kind}: {e}")),

@@ -591,39 +591,4 @@ impl Mapped {
             },
         }))
     }
-
-    /// How many orders wait in the status `kind` acts on, and how many of
-    /// them are past their deadline by the database's clock (for `doctor`).
-    pub async fn census(
-        &self,
-        db: &DatabaseConnection,
-        kind: TimeoutKind,
-    ) -> Result<Option<(i64, i64)>, DbErr> {
-        let Some(k) = self.kind(kind) else {
-            return Ok(None);
-        };
-        let d = self.dialect;
-        let overdue = format!(
-            "SUM(CASE WHEN {} <= {} THEN 1 ELSE 0 END)",
-            k.deadline,
-            d.now(&k.deadline_ty)
-        );
-        let mut sql = Sql::new(d);
-        sql.push(&format!(
-            "SELECT {}, {} FROM {} WHERE {} = ",
-            d.as_bigint("COUNT(*)"),
-            d.as_bigint(&format!("COALESCE({overdue}, 0)")),
-            self.table,
-            self.status
-        ))
-        .bind(k.from.clone());
-        if let Target::Flag(column, _) = &k.target {
-            sql.push(&format!(" AND {column} IS NULL"));
-        }
-        let row = db
-            .query_one_raw(sql.build())
-            .await?
-            .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
-        Ok(Some((row.try_get_by_index(0)?, row.try_get_by_index(1)?)))
-    }
 }
