@@ -15,7 +15,7 @@ use crate::amqp::management::{self, Management};
 use crate::amqp::{self, consumer, relay, router};
 use crate::context::{Context, Role};
 use crate::orders::Orders;
-use crate::settings::Settings;
+use crate::settings::{Settings, SettingsSource};
 use crate::{db, gauges, http, server, sweeper};
 
 /// How long shutdown may take before remaining tasks are abandoned.
@@ -31,8 +31,27 @@ pub struct Application {
 }
 
 impl Application {
-    /// Connects the database, migrates unless told not to, and binds the HTTP port.
+    /// Connects the database, migrates unless told not to, and binds the HTTP
+    /// port. Its settings cannot be reloaded: see [`Application::build_reloading`].
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        Self::build_with(settings, None).await
+    }
+
+    /// As [`Application::build`], with settings a reload reads again from
+    /// `source`, whose layers gave `started` (`settings` is that with any
+    /// command-line override applied).
+    pub async fn build_reloading(
+        settings: Settings,
+        source: SettingsSource,
+        started: Settings,
+    ) -> anyhow::Result<Self> {
+        Self::build_with(settings, Some((source, started))).await
+    }
+
+    async fn build_with(
+        settings: Settings,
+        reload: Option<(SettingsSource, Settings)>,
+    ) -> anyhow::Result<Self> {
         let (db, api_db) = db::connect_pools(&settings.database)
             .await
             .with_context(|| {
@@ -53,7 +72,11 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {} (http.bind)", settings.http.bind))?;
         let backend = db::backend_name(&db);
-        let ctx = Arc::new(Context::new(settings, db, api_db).with_orders(orders));
+        let mut ctx = Context::new(settings, db, api_db).with_orders(orders);
+        if let Some((source, started)) = reload {
+            ctx = ctx.with_reload_source(source, started);
+        }
+        let ctx = Arc::new(ctx);
         let s = &ctx.settings;
         ctx.events.starting(
             &s.database.url.redacted(),

@@ -15,7 +15,7 @@ use crate::settings::{HttpSettings, Secret};
 pub enum Scope {
     /// Checkout and the buyer's actions: place, read, pay, confirm, cancel.
     Checkout,
-    /// Inventory and shipping, and everything the checkout scope may do.
+    /// Inventory, shipping and `/admin`, and everything the checkout scope may do.
     Admin,
 }
 
@@ -52,6 +52,7 @@ pub enum Need {
 pub fn need(template: Option<&str>, action: Option<&str>) -> Need {
     match template {
         Some("/inventory/{sku}") => Need::Scope(Scope::Admin),
+        Some(path) if path.starts_with("/admin/") => Need::Scope(Scope::Admin),
         Some("/orders" | "/orders/{id}") => Need::Scope(Scope::Checkout),
         Some("/orders/{id}/{action}") if action == Some("ship") => Need::Scope(Scope::Admin),
         Some("/orders/{id}/{action}") => Need::Scope(Scope::Checkout),

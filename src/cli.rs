@@ -1,6 +1,6 @@
-//! The command line: `serve`, `migrate`, `doctor`, `config`, `schedule` and
-//! `demo`. Each parses its arguments, loads the settings (a wrong value stops
-//! here, naming its key) and calls the library.
+//! The command line: `serve`, `migrate`, `doctor`, `config`, `schedule`,
+//! `demo` and `ctl`. Each parses its arguments, loads the settings (a wrong
+//! value stops here, naming its key) and calls the library.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::amqp::{self, topology::Names, wire};
 use crate::app::Application;
+use crate::ctl::{self, CtlAction, Target};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 use crate::settings::{OrdersSource, Settings, SettingsSource, defaults_file, parse_window};
 use crate::{db, doctor, telemetry};
@@ -56,6 +57,21 @@ pub enum Command {
     /// Watch it work: a few orders on a temporary database, some paid, the rest
     /// cancelled live at their deadlines (needs only the broker).
     Demo,
+    /// Talk to a running instance: status, pause ROLE, resume ROLE, reload.
+    Ctl {
+        /// The instance's API, `http://host:port` (default: from `http.bind`).
+        #[arg(long)]
+        url: Option<String>,
+        /// An admin token (default: the first of `http.admin_tokens`).
+        #[arg(long, env = "ORDER_TIMEOUT_CTL_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print the instance's JSON answer as it is.
+        #[arg(long)]
+        json: bool,
+        /// What to do.
+        #[command(subcommand)]
+        action: CtlAction,
+    },
     /// Publish one timeout per the wire contract (as any checkout would).
     Schedule {
         /// The order's id.
@@ -93,6 +109,26 @@ pub fn main() -> ExitCode {
         file: cli.config.clone(),
         env: None,
     };
+    if let Command::Ctl {
+        url,
+        token,
+        json,
+        action,
+    } = cli.command
+    {
+        // A client: it needs the settings only to find the instance, and
+        // must work when they no longer validate (to see a reload refused).
+        return match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(ctl::run(Target { url, token }, &source, action, json)),
+            Err(e) => {
+                eprintln!("order-timeout: cannot start the async runtime: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut settings = match Settings::load(&source) {
         Ok(s) => s,
         Err(e) => {
@@ -120,15 +156,19 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve { no_migrate } => {
+                // What the layers gave, before the command line's overrides:
+                // a reload compares with it.
+                let started = settings.clone();
                 if no_migrate {
                     settings.database.migrate_on_start = false;
                 }
-                serve(settings).await
+                serve(settings, source, started).await
             }
             Command::Migrate { action } => migrate(settings, action).await,
             Command::Doctor => Ok(doctor::run(&settings).await),
             Command::Config { .. } => Ok(print_out(&settings.to_toml())),
             Command::Demo => crate::demo::run(settings).await,
+            Command::Ctl { .. } => unreachable!("ctl returned before the settings were loaded"),
             Command::Schedule {
                 order_id,
                 kind,
@@ -161,17 +201,55 @@ fn print_out(text: &str) -> ExitCode {
     }
 }
 
-async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
-    let app = Application::build(settings).await?;
+async fn serve(
+    settings: Settings,
+    source: SettingsSource,
+    started: Settings,
+) -> anyhow::Result<ExitCode> {
+    // Before anything slow: from here on SIGHUP reloads instead of ending
+    // the process, as it would by default.
+    let hangups = hangups()?;
+    let app = Application::build_reloading(settings, source, started).await?;
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         trigger.cancel();
     });
+    tokio::spawn(reload_on_hangup(hangups, app.context()));
     app.run(shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// SIGHUP, as a stream of signals.
+#[cfg(unix)]
+type Hangups = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Hangups = ();
+
+#[cfg(unix)]
+fn hangups() -> anyhow::Result<Hangups> {
+    use tokio::signal::unix::{SignalKind, signal};
+    Ok(signal(SignalKind::hangup())?)
+}
+
+#[cfg(not(unix))]
+fn hangups() -> anyhow::Result<Hangups> {
+    Ok(())
+}
+
+/// Reloads the settings on every SIGHUP (`systemctl reload`); what a
+/// reload did or refused is logged and counted by the reload itself.
+#[cfg(unix)]
+async fn reload_on_hangup(mut hangups: Hangups, ctx: std::sync::Arc<crate::context::Context>) {
+    while hangups.recv().await.is_some() {
+        let ctx = ctx.clone();
+        let _ = tokio::task::spawn_blocking(move || ctx.reloader.reload(&ctx.events)).await;
+    }
+}
+
+#[cfg(not(unix))]
+async fn reload_on_hangup(_: Hangups, _: std::sync::Arc<crate::context::Context>) {}
 
 async fn wait_for_signal() {
     #[cfg(unix)]

@@ -10,9 +10,11 @@ use sea_orm::DatabaseConnection;
 use tokio::sync::{Notify, OnceCell};
 
 use crate::amqp::topology::{Mode, Names};
+use crate::control::Pauses;
 use crate::events::Events;
 use crate::orders::Orders;
-use crate::settings::Settings;
+use crate::reload::Reloader;
+use crate::settings::{Settings, SettingsSource};
 
 /// A connection of the service to the broker, one per role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +87,13 @@ impl Health {
 
 /// Everything the components share.
 pub struct Context {
-    /// Validated settings.
+    /// The settings as the service started. The keys a reload may change
+    /// ([`crate::settings::LIVE_KEYS`]) are read through [`Context::live`].
     pub settings: Settings,
+    /// The settings in effect, and reloading them.
+    pub reloader: Reloader,
+    /// Which roles are paused.
+    pub pauses: Pauses,
     /// Exchange and queue names.
     pub names: Names,
     /// The database pool of the background work: consumers, relay, sweeper.
@@ -115,6 +122,8 @@ impl Context {
         let names = Names::new(&settings.amqp.prefix);
         let health = Health::default();
         Self {
+            reloader: Reloader::new(settings.clone(), None),
+            pauses: Pauses::default(),
             settings,
             names,
             db,
@@ -132,6 +141,19 @@ impl Context {
     pub fn with_orders(mut self, orders: Orders) -> Self {
         self.orders = orders;
         self
+    }
+
+    /// The same context reloading its settings from `source`, whose layers
+    /// gave `started` (before any command-line override).
+    pub fn with_reload_source(mut self, source: SettingsSource, started: Settings) -> Self {
+        self.reloader = Reloader::new(self.settings.clone(), Some((source, started)));
+        self
+    }
+
+    /// The settings in effect now: what a component reads each time it uses
+    /// a key a reload may change.
+    pub fn live(&self) -> Arc<Settings> {
+        self.reloader.current()
     }
 
     /// Records that the topology is declared.

@@ -13,12 +13,15 @@ use crate::context::Context;
 use crate::domain::{Millis, TimeoutKind};
 
 /// Reads the gauges at once, then every interval until shutdown.
+/// A reload reads them at once too, with the new settings.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let mut reloads = ctx.reloader.subscribe();
     loop {
         refresh(&ctx, Millis::now()).await;
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(ctx.settings.metrics.gauge_interval) => {}
+            _ = tokio::time::sleep(ctx.live().metrics.gauge_interval) => {}
+            _ = reloads.changed() => {}
         }
     }
 }
@@ -27,7 +30,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 /// fails withdraws every series, so no gauge shows one reading next to
 /// another's.
 pub async fn refresh(ctx: &Context, now: Millis) {
-    let overdue_after = ctx.settings.metrics.overdue_after;
+    let overdue_after = ctx.live().metrics.overdue_after;
     let mut backlogs = Vec::new();
     for kind in TimeoutKind::ALL {
         match ctx.orders.backlog(&ctx.db, kind, now, overdue_after).await {

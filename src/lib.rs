@@ -10,6 +10,8 @@
 //! - [`db`]: the connection, entities, and every transaction by family ([`db::store`]);
 //! - [`orders`]: whose orders the timeouts act on: the service's own, or a shop's mapped table;
 //! - [`events`]: every event, logged and counted in one place, and the metrics table;
+//! - [`control`]: which roles are paused (pause and resume while running);
+//! - [`reload`]: reading the settings again while running, and what applies;
 //! - [`context`]: what the components share (settings, pools, events, health, roles);
 //! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
@@ -21,6 +23,7 @@
 //! - [`app`]: build and run every component, and shut them down;
 //! - [`doctor`]: the `doctor` subcommand's checks;
 //! - [`demo`]: the `demo` subcommand;
+//! - [`ctl`]: the `ctl` subcommand, a client of a running instance's `/admin` API;
 //! - [`cli`]: the command line.
 
 pub mod amqp;
@@ -28,6 +31,8 @@ pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod context;
+pub mod control;
+pub mod ctl;
 pub mod db;
 pub mod demo;
 pub mod doctor;
@@ -37,6 +42,7 @@ pub mod gauges;
 pub mod http;
 pub mod http_client;
 pub mod orders;
+pub mod reload;
 pub mod server;
 pub mod settings;
 pub mod sweeper;

@@ -4,6 +4,11 @@
 //! It uses the same conditional transitions as the consumers, so any number of
 //! instances may sweep at once without double effects. Each catch is logged
 //! and counted: it means a broker-side timer was lost or late.
+//!
+//! A paused sweeper skips its rounds; while the consumer of a kind is paused,
+//! the sweeper leaves that kind alone too, so that a pause stops the kind's
+//! transitions on this instance (unpaid orders are not cancelled while a
+//! payment provider is down, say).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,16 +17,23 @@ use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
+use crate::control::Pausable;
 use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 
-/// Sweeps every interval until shutdown.
+/// Sweeps every `sweeper.interval` until shutdown, unless paused. A reload
+/// starts the wait again with the new interval.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let interval = ctx.settings.sweeper.interval;
+    let mut reloads = ctx.reloader.subscribe();
     loop {
+        let interval = ctx.live().sweeper.interval;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
+            _ = reloads.changed() => continue,
+        }
+        if ctx.pauses.is_paused(Pausable::Sweeper) {
+            continue;
         }
         if let Err(e) = sweep(&ctx, Millis::now()).await {
             ctx.events.paused("sweeper", &e.to_string(), interval);
@@ -35,7 +47,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
     let mut caught = 0;
     let mut failed = None;
-    for kind in TimeoutKind::ALL.into_iter().filter(|k| ctx.orders.maps(*k)) {
+    let kinds = TimeoutKind::ALL
+        .into_iter()
+        .filter(|k| ctx.orders.maps(*k) && !ctx.pauses.kind_paused(*k));
+    for kind in kinds {
         match sweep_kind(ctx, kind, now).await {
             Ok(n) => caught += n,
             Err(e) => failed = Some(e),
@@ -51,7 +66,7 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
 /// other by `(deadline, id)`, so an order the database refuses is passed over
 /// in this sweep (and tried again in the next), not taken again and again.
 async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64, DbErr> {
-    let settings = &ctx.settings.sweeper;
+    let settings = ctx.live().sweeper.clone();
     let mut caught = 0;
     let mut after = None;
     loop {

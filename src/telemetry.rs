@@ -1,7 +1,9 @@
 //! Logging: pretty lines for a terminal, JSON lines for machines
-//! (`log.format`). `RUST_LOG`, when set, overrides `log.level`.
+//! (`log.format`). `RUST_LOG`, when set, overrides `log.level`. The level can
+//! change while the service runs ([`set_level`], on a reload).
 
 use std::io::Write;
+use std::sync::OnceLock;
 
 use tracing_subscriber::EnvFilter;
 
@@ -12,8 +14,9 @@ use crate::settings::{LogFormat, LogSettings};
 /// the terminal's current line, so a log line never lands in the middle of a
 /// progress line drawn on stdout; the next progress update draws it again.
 pub fn init(settings: &LogSettings, beside_progress_line: bool) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.level));
+    let from_env = EnvFilter::try_from_default_env().ok();
+    let overridden = from_env.is_some();
+    let filter = from_env.unwrap_or_else(|| EnvFilter::new(&settings.level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(move || {
@@ -25,12 +28,69 @@ pub fn init(settings: &LogSettings, beside_progress_line: bool) {
             stderr
         });
     // `try_init`: a second call (tests) keeps the first subscriber.
-    let _ = match settings.format {
-        LogFormat::Pretty => builder.try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init(),
+    let installed = match settings.format {
+        LogFormat::Pretty => {
+            let builder = builder.with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder
+                .try_init()
+                .map(|()| -> Box<dyn Fn(EnvFilter) -> bool + Send + Sync> {
+                    Box::new(move |filter| handle.reload(filter).is_ok())
+                })
+        }
+        LogFormat::Json => {
+            let builder = builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder
+                .try_init()
+                .map(|()| -> Box<dyn Fn(EnvFilter) -> bool + Send + Sync> {
+                    Box::new(move |filter| handle.reload(filter).is_ok())
+                })
+        }
     };
+    if let Ok(reload) = installed {
+        let _ = LEVEL.set(Level { reload, overridden });
+    }
+}
+
+/// The installed subscriber's filter, to change at a reload.
+struct Level {
+    /// Replaces the filter; false if the subscriber is gone.
+    reload: Box<dyn Fn(EnvFilter) -> bool + Send + Sync>,
+    /// Whether `RUST_LOG` set the filter, which `log.level` then does not.
+    overridden: bool,
+}
+
+static LEVEL: OnceLock<Level> = OnceLock::new();
+
+/// What became of a new `log.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LevelChange {
+    /// The filter is now the new level.
+    Applied,
+    /// `RUST_LOG` was set at start: it stays the filter.
+    OverriddenByRustLog,
+    /// This process's logging was not installed by [`init`] (a test, or a
+    /// program embedding the library): its own filter stays.
+    NotInstalled,
+}
+
+/// Sets the log filter to `level` (already validated as a setting).
+pub fn set_level(level: &str) -> LevelChange {
+    let Some(installed) = LEVEL.get() else {
+        return LevelChange::NotInstalled;
+    };
+    if installed.overridden {
+        return LevelChange::OverriddenByRustLog;
+    }
+    let reloaded = EnvFilter::try_new(level).is_ok_and(|filter| (installed.reload)(filter));
+    if reloaded {
+        LevelChange::Applied
+    } else {
+        LevelChange::NotInstalled
+    }
 }

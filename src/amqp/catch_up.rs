@@ -135,7 +135,7 @@ impl CatchUp {
             return 0;
         }
         self.last = Some(started);
-        let limit = (ctx.settings.consumer.batch_size as u64).max(PAGE_AT_LEAST);
+        let limit = (ctx.live().consumer.batch_size as u64).max(PAGE_AT_LEAST);
         let now = Millis::now();
         let mut pages = Vec::new();
         let mut after = None;

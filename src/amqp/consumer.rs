@@ -12,6 +12,11 @@
 //! - unknown order or a body that breaks the contract: parked, then acked;
 //! - database error: nothing is acked; the consumer pauses with backoff and
 //!   tries the same batch again, taking no new deliveries meanwhile.
+//!
+//! A consumer paused by an operator ([`crate::control`]) finishes its batch,
+//! cancels its AMQP consumer and closes its channel, so that what it had
+//! prefetched and what it held goes back to the queue; resumed, it opens a
+//! new channel and consumes again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -33,6 +38,7 @@ use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
 use crate::context::Context;
+use crate::control::Pausable;
 use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 
@@ -56,7 +62,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     let mut tasks = tokio::task::JoinSet::new();
     for kind in TimeoutKind::ALL {
-        let consumer = KindConsumer::open(ctx.clone(), &conn, kind, mode).await?;
+        let consumer = KindConsumer::open(ctx.clone(), conn.clone(), kind, mode).await?;
         tasks.spawn(consumer.run(shutdown.clone()));
     }
     // The first failure (a broken connection) ends them all; the supervisor reconnects.
@@ -85,9 +91,20 @@ async fn shutdown_siblings(conn: &Connection) {
     let _ = conn.close(320, "consumer failed".into()).await;
 }
 
+/// Why a consumer's session on its channel ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The service is stopping.
+    Shutdown,
+    /// An operator paused it.
+    Paused,
+}
+
 struct KindConsumer {
     /// Shared services.
     ctx: Arc<Context>,
+    /// The connection its channels are on (new ones after a pause).
+    conn: Arc<Connection>,
     /// Which timeout this consumer handles.
     kind: TimeoutKind,
     /// The delay stage that re-delayed messages go back to.
@@ -109,16 +126,17 @@ struct KindConsumer {
 impl KindConsumer {
     async fn open(
         ctx: Arc<Context>,
-        conn: &Connection,
+        conn: Arc<Connection>,
         kind: TimeoutKind,
         mode: Mode,
     ) -> Result<Self, Error> {
         // Prefetch caps the unacked deliveries we hold, including those held in
         // memory; it must cover a batch plus the held ones at the target rate.
-        let (channel, publish) = channels(conn, ctx.settings.amqp.prefetch).await?;
+        let (channel, publish) = channels(&conn, ctx.settings.amqp.prefetch).await?;
         let tag = format!("consumer {} {}", kind.as_str(), ctx.settings.amqp.instance);
         Ok(Self {
             ctx,
+            conn,
             kind,
             mode,
             channel,
@@ -130,7 +148,28 @@ impl KindConsumer {
         })
     }
 
+    /// Consumes until shutdown or failure; while paused, waits on no channel.
     async fn run(mut self, shutdown: CancellationToken) -> Result<(), Error> {
+        let role = Pausable::Consumer(self.kind);
+        loop {
+            if self.ctx.pauses.is_paused(role) {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = self.ctx.pauses.until(role, false) => {}
+                }
+                let prefetch = self.ctx.settings.amqp.prefetch;
+                (self.channel, self.publish) = channels(&self.conn, prefetch).await?;
+            }
+            if self.session(&shutdown).await? == Ended::Shutdown {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One consumer on the channel, until shutdown, a pause or a failure.
+    async fn session(&mut self, shutdown: &CancellationToken) -> Result<Ended, Error> {
+        let ctx = self.ctx.clone();
+        let role = Pausable::Consumer(self.kind);
         let queue = self.ctx.names.work(self.kind);
         let mut deliveries = self
             .channel
@@ -142,10 +181,12 @@ impl KindConsumer {
             )
             .await?;
         let mut last_batch = Instant::now() - FLOWING;
-        let result: Result<(), Error> = loop {
+        let result: Result<Ended, Error> = loop {
             let first = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => break Ok(()),
+                _ = shutdown.cancelled() => break Ok(Ended::Shutdown),
+                // Between batches: the one in hand is settled.
+                _ = ctx.pauses.until(role, true) => break Ok(Ended::Paused),
                 // Deadlines are passing: the last catch-up applied orders, so
                 // the next one follows without waiting for a delivery.
                 _ = self.catch_up.next_round(), if self.catch_up.continuing() => {
@@ -166,7 +207,7 @@ impl KindConsumer {
             let flowing = last_batch.elapsed() < FLOWING;
             let (batch, ended) = self.gather(first, &mut deliveries, flowing).await;
             last_batch = Instant::now();
-            if let Err(e) = self.handle(batch, &shutdown).await {
+            if let Err(e) = self.handle(batch, shutdown).await {
                 break Err(e);
             }
             if let Some(e) = ended {
@@ -183,11 +224,19 @@ impl KindConsumer {
             requeue: true,
             ..Default::default()
         };
+        let held = self.held_keys.len();
         for (_, key) in std::mem::take(&mut self.held_keys) {
             if let Some(expired) = self.held.try_remove(&key) {
                 let _ = expired.into_inner().acker.nack(requeue).await;
                 self.ctx.events.held_changed(-1);
             }
+        }
+        if let Ok(Ended::Paused) = result {
+            // Closing the channel gives back what the broker had pushed and
+            // this consumer had not taken: all of it waits in the queue.
+            let _ = self.channel.close(200, "paused".into()).await;
+            let _ = self.publish.close(200, "paused".into()).await;
+            self.ctx.events.consumption_stopped(role, &queue, held);
         }
         result
     }
@@ -202,8 +251,8 @@ impl KindConsumer {
         deliveries: &mut lapin::Consumer,
         flowing: bool,
     ) -> (Vec<Delivery>, Option<Error>) {
-        let batch_size = self.ctx.settings.consumer.batch_size;
-        let batch_wait = self.ctx.settings.consumer.batch_wait;
+        let live = self.ctx.live();
+        let (batch_size, batch_wait) = (live.consumer.batch_size, live.consumer.batch_wait);
         let until = Instant::now() + batch_wait;
         let mut batch = vec![first];
         while batch.len() < batch_size {
@@ -415,7 +464,7 @@ impl KindConsumer {
         valid: Vec<(Delivery, TimeoutMessage)>,
         decided: Decided,
     ) -> Result<bool, Error> {
-        let hold_max = self.ctx.settings.consumer.hold_max;
+        let hold_max = self.ctx.live().consumer.hold_max;
         let mut passing = false;
         let mut seen = HashSet::new();
         // Applied and not-applicable deliveries are acked together at the end.

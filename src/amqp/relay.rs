@@ -32,6 +32,7 @@ use super::topology::{Mode, delay_route};
 use super::wire::{self, TimeoutMessage};
 use super::{Backoff, Error, confirmed as amqp_confirmed, pause, publish_options};
 use crate::context::Context;
+use crate::control::Pausable;
 use crate::db::entities::{order_timeout_events, outbox};
 use crate::db::events::routing_key;
 use crate::db::store::{self, Relayed};
@@ -78,9 +79,20 @@ pub async fn run(
         .await?;
     let mut events = conn.events_listener();
     let (mut timeouts, mut domain_events) = (Turn::new(), Turn::new());
+    let mut reloads = ctx.reloader.subscribe();
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
+        }
+        // Paused: no row is published until resumed; the rows wait in the
+        // database, and a lost connection is still noticed.
+        if ctx.pauses.is_paused(Pausable::Relay) {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = ctx.pauses.until(Pausable::Relay, false) => {}
+                event = events.next() => connection_event(&ctx, event)?,
+            }
+            continue;
         }
         // Timeouts first; a table the database refuses waits out its backoff
         // without holding the other one back.
@@ -104,20 +116,30 @@ pub async fn run(
         }
         // Woken at once by a transaction's commit, or by the interval as a
         // fallback (which also ends a table's backoff); a lost connection is
-        // noticed here too, not only at the next publish.
+        // noticed here too, not only at the next publish. A pause or a
+        // reload ends the wait, to be seen at once.
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
             _ = ctx.relay_wakeup.notified() => {}
-            _ = tokio::time::sleep(ctx.settings.relay.interval) => {}
-            event = events.next() => match event {
-                Some(Event::Error(e)) => return Err(e.into()),
-                Some(Event::ConnectionBlocked(reason)) => {
-                    ctx.events.publishing_blocked("relay", &reason);
-                }
-                Some(_) => {}
-                None => return Err(Error::ConnectionEnded),
-            },
+            _ = tokio::time::sleep(ctx.live().relay.interval) => {}
+            _ = ctx.pauses.until(Pausable::Relay, true) => {}
+            _ = reloads.changed() => {}
+            event = events.next() => connection_event(&ctx, event)?,
         }
+    }
+}
+
+/// What an event of the relay's connection means: an error or its end stop
+/// the relay (its supervisor reconnects); a block is reported.
+fn connection_event(ctx: &Context, event: Option<Event>) -> Result<(), Error> {
+    match event {
+        Some(Event::Error(e)) => Err(e.into()),
+        Some(Event::ConnectionBlocked(reason)) => {
+            ctx.events.publishing_blocked("relay", &reason);
+            Ok(())
+        }
+        Some(_) => Ok(()),
+        None => Err(Error::ConnectionEnded),
     }
 }
 
@@ -299,7 +321,7 @@ async fn round<S: Source>(
     turn: &mut Turn,
     shutdown: &CancellationToken,
 ) -> Result<Progress, Error> {
-    let batch = ctx.settings.relay.batch_size;
+    let batch = ctx.live().relay.batch_size;
     let rows = match store::outbox_claim::<S::Table>(&ctx.db, batch, Millis::now()).await {
         Ok(rows) => {
             turn.answered();

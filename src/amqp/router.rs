@@ -7,6 +7,10 @@
 //!
 //! Routing is pipelined: each delivery is published at once and acked when the
 //! broker confirms the copy, so many are in flight while confirms come back.
+//!
+//! Paused by an operator ([`crate::control`]), the router cancels its consumer,
+//! finishes what is in flight and closes its channels: publishers' messages
+//! wait in the ingest queue until it is resumed.
 
 use std::sync::Arc;
 
@@ -23,6 +27,7 @@ use super::topology::{Mode, delay_route};
 use super::wire::{self, Park};
 use super::{Error, channels, park_delivery, publish_confirmed};
 use crate::context::Context;
+use crate::control::Pausable;
 use crate::domain::TimeoutKind;
 
 /// Where a valid message goes next.
@@ -64,16 +69,36 @@ pub fn classify(
     })
 }
 
-/// Consumes the ingest queue until shutdown or a connection failure.
+/// Consumes the ingest queue until shutdown or a connection failure; while
+/// paused, consumes nothing.
 pub async fn run(
     ctx: Arc<Context>,
     conn: Arc<Connection>,
     mode: Mode,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = ctx.pauses.until(Pausable::Router, false) => {}
+        }
+        if !session(&ctx, &conn, mode, &shutdown).await? {
+            return Ok(());
+        }
+    }
+}
+
+/// Consumes the ingest queue on new channels until shutdown (false), a pause
+/// (true) or a failure.
+async fn session(
+    ctx: &Arc<Context>,
+    conn: &Connection,
+    mode: Mode,
+    shutdown: &CancellationToken,
+) -> Result<bool, Error> {
     // Prefetch bounds how many messages are in flight between broker and router;
     // confirms: a message is acked from ingest only once its copy is safe.
-    let (consume, publish) = channels(&conn, ctx.settings.amqp.router_prefetch).await?;
+    let (consume, publish) = channels(conn, ctx.settings.amqp.router_prefetch).await?;
     let tag = format!("router {}", ctx.settings.amqp.instance);
     let mut consumer = consume
         .basic_consume(
@@ -87,7 +112,8 @@ pub async fn run(
     let result = loop {
         tokio::select! {
             biased;
-            _ = shutdown.cancelled() => break Ok(()),
+            _ = shutdown.cancelled() => break Ok(false),
+            _ = ctx.pauses.until(Pausable::Router, true) => break Ok(true),
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                 if let Err(e) = done {
                     break Err(e);
@@ -112,6 +138,13 @@ pub async fn run(
         if let Err(e) = done {
             ctx.events.route_abandoned(&e.to_string());
         }
+    }
+    if let Ok(true) = result {
+        // What the broker had pushed and was not routed goes back to ingest.
+        let _ = consume.close(200, "paused".into()).await;
+        let _ = publish.close(200, "paused".into()).await;
+        ctx.events
+            .consumption_stopped(Pausable::Router, &ctx.names.ingest(), 0);
     }
     result
 }

@@ -58,6 +58,8 @@ pub(super) struct Metrics {
     pub(super) oldest_overdue: Family<Labels1, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub(super) database_up: Gauge,
     pub(super) broker_connected: Family<Labels1, Gauge>,
+    pub(super) paused: Family<Labels1, Gauge>,
+    pub(super) config_reloads: Family<Labels1, Counter>,
 }
 
 /// Registers `metric` under `name` and returns it: a metric is a handle, so
@@ -306,6 +308,18 @@ impl Metrics {
                 "broker_connected",
                 "1 while a broker role's connection is up, 0 while it is down or reconnecting, by role",
                 Family::<Labels1, Gauge>::default(),
+            ),
+            paused: registered(
+                &mut registry,
+                "paused",
+                "1 while a role is paused on this instance (the consumer of a kind, router, relay, sweeper), 0 while it runs, by role",
+                Family::<Labels1, Gauge>::default(),
+            ),
+            config_reloads: registered(
+                &mut registry,
+                "config_reloads",
+                "Settings reloads (SIGHUP, POST /admin/reload), by outcome: applied, unchanged, refused",
+                Family::<Labels1, Counter>::default(),
             ),
             registry,
         }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+mod control;
 mod metrics;
 
 use metrics::Metrics;
@@ -48,6 +49,15 @@ impl Events {
         let _ = events.m.task_panics.get_or_create(&[("role", "consumer")]);
         for kind in TimeoutKind::ALL {
             let _ = events.m.catch_ups.get_or_create(&[("kind", kind.as_str())]);
+        }
+        for role in crate::control::Pausable::ALL {
+            let _ = events.m.paused.get_or_create(&[("role", role.as_str())]);
+        }
+        for outcome in crate::reload::Outcome::ALL {
+            let _ = events
+                .m
+                .config_reloads
+                .get_or_create(&[("outcome", outcome.as_str())]);
         }
         Arc::new(events)
     }

@@ -36,6 +36,7 @@ use crate::domain::{Millis, OrderId, OrderStatus};
 use crate::events::Events;
 use crate::settings::{Windows, parse_window};
 
+mod admin;
 mod inventory;
 mod operations;
 mod orders;
@@ -199,7 +200,8 @@ impl From<TransitionError> for ApiError {
     tags(
         (name = "inventory", description = "Stock per SKU"),
         (name = "orders", description = "Checkout and the order lifecycle"),
-        (name = "operations", description = "Health, readiness, metrics")
+        (name = "operations", description = "Health, readiness, metrics"),
+        (name = "admin", description = "Pause and resume a role, reload the settings, see what runs (`order-timeout ctl`)")
     )
 )]
 struct ApiDoc;
@@ -228,6 +230,10 @@ fn routes(protect_operations: bool) -> (Router<Arc<Context>>, utoipa::openapi::O
         .routes(routes!(operations::healthz))
         .routes(routes!(operations::readyz))
         .routes(routes!(operations::metrics))
+        .routes(routes!(admin::status))
+        .routes(routes!(admin::pause))
+        .routes(routes!(admin::resume))
+        .routes(routes!(admin::reload))
         .split_for_parts();
     declare_security(&mut doc, protect_operations);
     (router, doc)
@@ -242,7 +248,7 @@ fn declare_security(doc: &mut utoipa::openapi::OpenApi, protect_operations: bool
         .scheme(HttpAuthScheme::Bearer)
         .description(Some(
             "A token from `http.checkout_tokens` (checkout and the buyer's actions) or \
-             `http.admin_tokens` (also inventory and `ship`). A service bound to loopback \
+             `http.admin_tokens` (also inventory, `ship` and `/admin`). A service bound to loopback \
              with no token configured asks for none.",
         ))
         .build();
@@ -267,7 +273,8 @@ fn declare_security(doc: &mut utoipa::openapi::OpenApi, protect_operations: bool
             Need::Operations => Vec::new(),
             Need::Scope(scope) => vec![scope.as_str()],
         };
-        // Shipping is the one action of the admin scope.
+        // Shipping is the one action of the admin scope; inventory and
+        // `/admin` are the admin scope's whatever the action.
         let admin_somewhere = auth::need(Some(path), Some("ship")) == Need::Scope(Scope::Admin);
         for op in [&mut item.get, &mut item.put, &mut item.post]
             .into_iter()
@@ -281,7 +288,7 @@ fn declare_security(doc: &mut utoipa::openapi::OpenApi, protect_operations: bool
             if admin_somewhere {
                 op.responses.responses.insert(
                     "403".into(),
-                    error("A valid token without the admin scope (inventory and `ship` need it); nothing was done").into(),
+                    error("A valid token without the admin scope (inventory, `ship` and `/admin` need it); nothing was done").into(),
                 );
             }
         }

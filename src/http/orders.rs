@@ -249,7 +249,7 @@ pub(super) async fn create_order(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let Json(body) = body?;
-    let (items, window) = checkout_request(body, &ctx.settings.windows)?;
+    let (items, window) = checkout_request(body, &ctx.live().windows)?;
     let key = key.map(|key| IdempotencyKey::new(key, &items, window, checkout_answer));
     match store::checkout(&ctx.api_db, &items, window, Millis::now(), key.as_ref()).await {
         Ok(order) => {
@@ -376,12 +376,21 @@ pub(super) async fn order_action(
         ));
     };
     let id = parse_id(&id)?;
-    match store::act(
+    // While an operator has payment timeouts paused, an order still waiting
+    // for its payment takes it, even after its deadline.
+    let deadline = if ctx.pauses.kind_paused(crate::domain::TimeoutKind::Payment) {
+        store::Deadline::Paused
+    } else {
+        store::Deadline::Enforced
+    };
+    match store::act_during(
         &ctx.api_db,
         id,
         action,
-        &ctx.settings.windows,
+        // Read now: a reload applies new windows to the orders acted on after it.
+        &ctx.live().windows,
         Millis::now(),
+        deadline,
     )
     .await
     {

@@ -102,6 +102,7 @@ mod connections;
 mod file;
 mod keys;
 mod layers;
+mod live;
 mod mapping;
 mod parse;
 mod secret;
@@ -115,6 +116,7 @@ use connections::{
 };
 pub use file::{REGENERATE, defaults_file};
 use keys::{SECTIONS, keys};
+pub use live::{Change, LIVE_KEYS, changes, is_live};
 pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping};
 use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status};
 pub use parse::{MIN_TOKEN_LEN, parse_duration, parse_tokens, parse_window};

@@ -958,3 +958,75 @@ fn with_nothing_given_the_settings_in_effect_are_the_defaults() {
     let body = |file: &str| file[file.find("\n[").unwrap_or(0)..].to_string();
     assert_eq!(body(&printed), body(SHIPPED));
 }
+
+/// Every live key and a few restart-only ones, each given a value other than its default.
+const RELOADED: &[(&str, &str)] = &[
+    ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "15m"),
+    ("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "3d"),
+    ("ORDER_TIMEOUT__WINDOWS__RECEIPT", "10d"),
+    ("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "2d"),
+    ("ORDER_TIMEOUT__CONSUMER__BATCH_SIZE", "17"),
+    ("ORDER_TIMEOUT__CONSUMER__BATCH_WAIT", "7ms"),
+    ("ORDER_TIMEOUT__CONSUMER__HOLD_MAX", "3s"),
+    ("ORDER_TIMEOUT__RELAY__BATCH_SIZE", "33"),
+    ("ORDER_TIMEOUT__RELAY__INTERVAL", "2s"),
+    ("ORDER_TIMEOUT__SWEEPER__INTERVAL", "9s"),
+    ("ORDER_TIMEOUT__SWEEPER__GRACE", "11s"),
+    ("ORDER_TIMEOUT__SWEEPER__BATCH_SIZE", "44"),
+    ("ORDER_TIMEOUT__METRICS__GAUGE_INTERVAL", "5s"),
+    ("ORDER_TIMEOUT__METRICS__OVERDUE_AFTER", "90s"),
+    ("ORDER_TIMEOUT__LOG__LEVEL", "debug"),
+    ("ORDER_TIMEOUT__AMQP__PREFIX", "elsewhere"),
+    ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl"),
+    ("ORDER_TIMEOUT__AMQP__QUEUE_TYPE", "quorum"),
+    ("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:9999"),
+    ("ORDER_TIMEOUT__SWEEPER__ENABLED", "false"),
+    ("ORDER_TIMEOUT__CONSUMER__CATCH_UP", "false"),
+];
+
+#[test]
+fn a_reload_takes_the_live_keys_and_nothing_else() {
+    let running = load(&[]).unwrap();
+    let new = load(RELOADED).unwrap();
+    let all: Vec<&str> = changes(&running, &new).iter().map(|c| c.key).collect();
+    assert_eq!(all.len(), RELOADED.len(), "each given key differs: {all:?}");
+    for key in LIVE_KEYS {
+        assert!(all.contains(key), "the test changes every live key: {key}");
+    }
+    let applied = running.with_live(&new);
+    let taken: Vec<&str> = changes(&running, &applied).iter().map(|c| c.key).collect();
+    let left: Vec<&str> = changes(&applied, &new).iter().map(|c| c.key).collect();
+    assert_eq!(
+        taken,
+        all.iter()
+            .copied()
+            .filter(|k| is_live(k, &running))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        left,
+        all.iter()
+            .copied()
+            .filter(|k| !is_live(k, &running))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(taken.len(), LIVE_KEYS.len());
+    // Where an applied value came from follows it.
+    assert_eq!(
+        applied.sources["windows.payment"],
+        Source::Env("ORDER_TIMEOUT__WINDOWS__PAYMENT".into())
+    );
+    assert_eq!(applied.sources["amqp.prefix"], Source::Default);
+}
+
+#[test]
+fn a_mapped_table_keeps_its_windows_until_a_restart() {
+    let mut running = load(&[]).unwrap();
+    running.mapping.source = OrdersSource::Mapped;
+    let new = load(RELOADED).unwrap();
+    assert!(!is_live("windows.payment", &running));
+    assert!(is_live("sweeper.interval", &running));
+    let applied = running.with_live(&new);
+    assert_eq!(applied.windows.payment, running.windows.payment);
+    assert_eq!(applied.sweeper.interval, new.sweeper.interval);
+}

@@ -501,13 +501,15 @@ async fn start(
     amqp_url: String,
     cleanup: Option<Cleanup>,
 ) -> TestApp {
-    let settings = Settings::load(&SettingsSource {
+    // A reload reads the same layers again: this map, and the file that
+    // `ORDER_TIMEOUT_CONFIG` in it names, if any.
+    let source = SettingsSource {
         file: None,
         env: Some(env.clone()),
-    })
-    .expect("test settings");
+    };
+    let settings = Settings::load(&source).expect("test settings");
     let names = Names::new(&settings.amqp.prefix);
-    let app = Application::build(settings)
+    let app = Application::build_reloading(settings.clone(), source, settings)
         .await
         .expect("application builds");
     let base = format!("http://{}", app.local_addr());

@@ -38,11 +38,15 @@ async fn openapi_document_matches_what_the_api_does() {
     }
     documented.sort();
     let expected: Vec<(String, String)> = [
+        ("GET", "/admin/status"),
         ("GET", "/healthz"),
         ("GET", "/inventory/{sku}"),
         ("GET", "/metrics"),
         ("GET", "/orders/{id}"),
         ("GET", "/readyz"),
+        ("POST", "/admin/pause/{role}"),
+        ("POST", "/admin/reload"),
+        ("POST", "/admin/resume/{role}"),
         ("POST", "/orders"),
         ("POST", "/orders/{id}/{action}"),
         ("PUT", "/inventory/{sku}"),
@@ -67,6 +71,7 @@ async fn openapi_document_matches_what_the_api_does() {
         let op = &doc["paths"][path.as_str()][method.to_lowercase()];
         let scope = match path.as_str() {
             "/inventory/{sku}" => Some("admin"),
+            p if p.starts_with("/admin/") => Some("admin"),
             "/orders" | "/orders/{id}" | "/orders/{id}/{action}" => Some("checkout"),
             _ => None,
         };
@@ -84,8 +89,9 @@ async fn openapi_document_matches_what_the_api_does() {
                 assert!(op["responses"].get("401").is_none(), "{method} {path}");
             }
         }
-        // 403 where a checkout token may be refused: inventory and `ship`.
-        let forbidden = matches!(path.as_str(), "/inventory/{sku}" | "/orders/{id}/{action}");
+        // 403 where a checkout token may be refused: inventory, `ship`, `/admin`.
+        let forbidden = matches!(path.as_str(), "/inventory/{sku}" | "/orders/{id}/{action}")
+            || path.starts_with("/admin/");
         assert_eq!(
             op["responses"].get("403").is_some(),
             forbidden,
@@ -161,6 +167,32 @@ async fn openapi_document_matches_what_the_api_does() {
         ("GET", "/healthz", "/healthz".into(), None),
         ("GET", "/readyz", "/readyz".into(), None),
         ("GET", "/metrics", "/metrics".into(), None),
+        ("GET", "/admin/status", "/admin/status".into(), None),
+        (
+            "POST",
+            "/admin/pause/{role}",
+            "/admin/pause/router".into(),
+            None,
+        ),
+        (
+            "POST",
+            "/admin/pause/{role}",
+            "/admin/pause/cashier".into(),
+            None,
+        ),
+        (
+            "POST",
+            "/admin/pause/{role}",
+            "/admin/pause/sweeper".into(),
+            None,
+        ),
+        (
+            "POST",
+            "/admin/resume/{role}",
+            "/admin/resume/router".into(),
+            None,
+        ),
+        ("POST", "/admin/reload", "/admin/reload".into(), None),
     ];
     // Each call with the admin token, then without one (401 where the
     // document says a token is needed; the same answer elsewhere).

@@ -20,8 +20,30 @@ pub async fn act(
     windows: &Windows,
     now: Millis,
 ) -> Result<Order, TransitionError> {
+    act_during(db, id, action, windows, now, Deadline::Enforced).await
+}
+
+/// Whether a payment after its order's deadline loses to the timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// It does: the order is cancelled, the payment recorded as late.
+    Enforced,
+    /// Payment timeouts are paused by an operator (a payment provider was
+    /// down, say): an order still waiting for payment takes it, late.
+    Paused,
+}
+
+/// [`act`], with the payment deadline enforced or not.
+pub async fn act_during(
+    db: &DatabaseConnection,
+    id: OrderId,
+    action: Action,
+    windows: &Windows,
+    now: Millis,
+    deadline: Deadline,
+) -> Result<Order, TransitionError> {
     let txn = db.begin().await?;
-    let (update, timeout) = conditional_update(id, action, windows, now);
+    let (update, timeout) = conditional_update(id, action, windows, now, deadline);
     if update.exec(&txn).await?.rows_affected == 1 {
         return applied(txn, id, action, timeout, now).await;
     }
@@ -29,12 +51,14 @@ pub async fn act(
 }
 
 /// The action's conditional update (from the one status the diagram allows,
-/// and for a payment, inside the window) and the timeout it starts, if any.
+/// and for a payment, inside the window unless the deadline is paused) and
+/// the timeout it starts, if any.
 fn conditional_update(
     id: OrderId,
     action: Action,
     windows: &Windows,
     now: Millis,
+    pay_deadline: Deadline,
 ) -> (UpdateMany<orders::Entity>, Option<(TimeoutKind, Millis)>) {
     let (from, to) = action.edge();
     let update = orders::Entity::update_many()
@@ -51,8 +75,11 @@ fn conditional_update(
             let deadline = now.plus(windows.fulfillment);
             let update = update
                 .col_expr(orders::Column::PaidAtMs, Expr::value(now.0))
-                .col_expr(orders::Column::ShipDeadlineMs, Expr::value(deadline.0))
-                .filter(orders::Column::PayDeadlineMs.gt(now.0));
+                .col_expr(orders::Column::ShipDeadlineMs, Expr::value(deadline.0));
+            let update = match pay_deadline {
+                Deadline::Enforced => update.filter(orders::Column::PayDeadlineMs.gt(now.0)),
+                Deadline::Paused => update,
+            };
             (update, Some((TimeoutKind::Fulfillment, deadline)))
         }
         Action::Ship => {

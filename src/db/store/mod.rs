@@ -37,7 +37,7 @@ mod publishing;
 mod reads;
 mod stock;
 
-pub use actions::act;
+pub use actions::{Deadline, act, act_during};
 pub use checkout::checkout;
 use checkout::enqueue;
 use expiry::apply_expiry;

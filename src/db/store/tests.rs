@@ -196,6 +196,45 @@ async fn a_payment_after_the_deadline_cancels_and_is_recorded_once() {
 }
 
 #[tokio::test]
+async fn with_payment_timeouts_paused_a_late_payment_is_taken() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 5, now).await.unwrap();
+    let order = checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+        .await
+        .unwrap();
+    let late = Millis(1_002_000);
+    let paid = act_during(
+        &db,
+        order.id,
+        Action::Pay,
+        &windows(),
+        late,
+        Deadline::Paused,
+    )
+    .await
+    .unwrap();
+    assert_eq!(paid.status, OrderStatus::Paid);
+    assert_eq!(paid.paid_at, Some(late));
+    assert_eq!(paid.late_payment_at, None, "not a late payment to refund");
+    assert_eq!(stock(&db, "A").await, (4, 0, 1));
+    // The timeout that comes when payment resumes finds it paid.
+    let outcomes = expire(
+        &db,
+        TimeoutKind::Payment,
+        &[order.id],
+        Millis(1_003_000),
+        Cause::Timeout,
+    )
+    .await
+    .unwrap();
+    assert!(
+        !matches!(outcomes[&order.id], ExpiryOutcome::Applied { .. }),
+        "{outcomes:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_corrupt_status_is_an_error_not_another_status() {
     let db = db().await;
     let now = Millis(1_000_000);

@@ -1,0 +1,187 @@
+//! Live control of a running instance: which of its roles are paused.
+//!
+//! Each timeout consumer (one per kind), the router, the relay and the sweeper
+//! can be paused and resumed while the process runs (`/admin/pause/{role}`,
+//! `order-timeout ctl pause ROLE`). The state lives here, in memory, per
+//! instance: a restart starts with nothing paused. Each role watches its own
+//! flag: a consumer or the router cancels its AMQP consumer when paused and
+//! consumes again when resumed; the relay and the sweeper skip their rounds.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+
+use tokio::sync::watch;
+
+use crate::domain::{Millis, TimeoutKind};
+
+/// A part of the service that can be paused on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pausable {
+    /// The timeout consumer of one kind (and the sweeper's work on that kind).
+    Consumer(TimeoutKind),
+    /// The router of `<prefix>.ingest`.
+    Router,
+    /// The outbox relay.
+    Relay,
+    /// The sweeper.
+    Sweeper,
+}
+
+impl Pausable {
+    /// Every pausable role, in the order `ctl status` lists them.
+    pub const ALL: [Pausable; 6] = [
+        Self::Consumer(TimeoutKind::Payment),
+        Self::Consumer(TimeoutKind::Fulfillment),
+        Self::Consumer(TimeoutKind::Receipt),
+        Self::Router,
+        Self::Relay,
+        Self::Sweeper,
+    ];
+
+    /// The role's name in the API, the CLI and the `paused{role}` gauge: a
+    /// consumer is named by its kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Consumer(kind) => kind.as_str(),
+            Self::Router => "router",
+            Self::Relay => "relay",
+            Self::Sweeper => "sweeper",
+        }
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+
+    /// The names of every role, for errors: `payment, fulfillment, …`.
+    pub fn names() -> String {
+        Self::ALL.map(Self::as_str).join(", ")
+    }
+}
+
+impl fmt::Display for Pausable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Pausable {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "no role '{}': the roles are {}",
+                    crate::domain::truncate(s, 32),
+                    Self::names()
+                )
+            })
+    }
+}
+
+/// Which roles are paused, and since when.
+#[derive(Debug)]
+pub struct Pauses {
+    /// One flag per role, in [`Pausable::ALL`]'s order; roles wait on changes.
+    flags: watch::Sender<[bool; 6]>,
+    /// When each paused role was paused.
+    since: Mutex<[Option<Millis>; 6]>,
+}
+
+impl Default for Pauses {
+    fn default() -> Self {
+        Self {
+            flags: watch::Sender::new([false; 6]),
+            since: Mutex::new([None; 6]),
+        }
+    }
+}
+
+impl Pauses {
+    /// Pauses or resumes `role`; returns whether that changed anything.
+    pub fn set(&self, role: Pausable, paused: bool) -> bool {
+        let i = role.index();
+        let changed = self.flags.send_if_modified(|flags| {
+            let changed = flags[i] != paused;
+            flags[i] = paused;
+            changed
+        });
+        if changed && let Ok(mut since) = self.since.lock() {
+            since[i] = paused.then(Millis::now);
+        }
+        changed
+    }
+
+    /// Whether `role` is paused now.
+    pub fn is_paused(&self, role: Pausable) -> bool {
+        self.flags.borrow()[role.index()]
+    }
+
+    /// Whether the consumer of `kind` is paused now.
+    pub fn kind_paused(&self, kind: TimeoutKind) -> bool {
+        self.is_paused(Pausable::Consumer(kind))
+    }
+
+    /// `(role, paused since)` for every role; `None` when it runs.
+    pub fn snapshot(&self) -> [(Pausable, Option<Millis>); 6] {
+        let since = self.since.lock().map(|s| *s).unwrap_or([None; 6]);
+        let flags = *self.flags.borrow();
+        std::array::from_fn(|i| (Pausable::ALL[i], since[i].filter(|_| flags[i])))
+    }
+
+    /// The paused roles.
+    pub fn paused(&self) -> Vec<Pausable> {
+        let flags = *self.flags.borrow();
+        Pausable::ALL
+            .into_iter()
+            .filter(|r| flags[r.index()])
+            .collect()
+    }
+
+    /// Returns once `role` is (or already was) in the state `paused`.
+    pub async fn until(&self, role: Pausable, paused: bool) {
+        let i = role.index();
+        let mut rx = self.flags.subscribe();
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = rx.wait_for(|flags| flags[i] == paused).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_role_reads_back_from_its_name() {
+        for role in Pausable::ALL {
+            assert_eq!(role.as_str().parse::<Pausable>(), Ok(role));
+        }
+        let err = "consumer".parse::<Pausable>().unwrap_err();
+        assert!(err.contains("payment, fulfillment, receipt, router, relay, sweeper"));
+    }
+
+    #[tokio::test]
+    async fn a_pause_is_seen_and_timed_until_resumed() {
+        let pauses = Pauses::default();
+        let payment = Pausable::Consumer(TimeoutKind::Payment);
+        assert!(pauses.set(payment, true));
+        assert!(!pauses.set(payment, true), "already paused: no change");
+        assert!(pauses.kind_paused(TimeoutKind::Payment));
+        assert!(!pauses.kind_paused(TimeoutKind::Receipt));
+        assert_eq!(pauses.paused(), vec![payment]);
+        assert!(pauses.snapshot()[0].1.is_some());
+        // Already paused: returns at once.
+        pauses.until(payment, true).await;
+        let waiter = async { pauses.until(payment, false).await };
+        let resume = async {
+            tokio::task::yield_now().await;
+            assert!(pauses.set(payment, false));
+        };
+        tokio::join!(waiter, resume);
+        assert!(pauses.paused().is_empty());
+        assert!(pauses.snapshot()[0].1.is_none());
+    }
+}
