@@ -97,6 +97,8 @@ pub enum Signal {
     Int,
     /// No shutdown at all: the broker and the outbox must keep everything.
     Kill,
+    /// Reload the settings (`systemctl reload`).
+    Hup,
 }
 
 impl Signal {
@@ -106,6 +108,7 @@ impl Signal {
             Self::Term => "TERM",
             Self::Int => "INT",
             Self::Kill => "KILL",
+            Self::Hup => "HUP",
         }
     }
 }
@@ -436,10 +439,10 @@ mod tests {
 
     #[test]
     fn signals_are_named_as_kill_takes_them() {
-        let names: Vec<&str> = [Signal::Term, Signal::Int, Signal::Kill]
+        let names: Vec<&str> = [Signal::Term, Signal::Int, Signal::Kill, Signal::Hup]
             .iter()
             .map(|s| s.name())
             .collect();
-        assert_eq!(names, ["TERM", "INT", "KILL"]);
+        assert_eq!(names, ["TERM", "INT", "KILL", "HUP"]);
     }
 }

@@ -32,6 +32,7 @@ macro_rules! matrix {
 // By concern:
 mod auth; // who may call what, tokens never logged
 mod catch_up; // one due delivery applies every order of its kind already due
+mod control; // pause and resume each role while running; ctl
 mod core; // the core promises, every backend and delay mode
 mod dashboard; // the Grafana dashboard's queries name real metrics
 mod encodings; // x-delay: the type each publisher example sends, every integer type read
@@ -48,6 +49,7 @@ mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused 
 mod metrics; // every documented metric after a timeout cycle
 mod openapi; // the OpenAPI document matches what the API does
 mod outages; // the broker and the database go away and come back
+mod reload; // settings reloaded while running: SIGHUP, /admin/reload, ctl reload
 mod roles; // least privilege on the database: serve on row rights only
 mod settings; // the binary's contracts: settings, doctor, demo
 mod stages; // the two delay stages on the real plugin and TTL queues
