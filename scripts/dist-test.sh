@@ -249,6 +249,23 @@ expect "by its timer, not the sweeper" "$(api -sf "$base/orders/$id?include=audi
     | jq -r '[.audit[] | select(.event == "cancelled") | .cause] | join(",")')" timeout
 expect "stock back" "$(api -sf "$base/inventory/A" | jq -c '[.available, .reserved]')" "[5,0]"
 
+# systemctl reload: the unit's ExecReload as systemd runs it, $MAINPID the
+# service's pid. The settings are read again (nothing changed) and it runs on.
+reload=$(unit_value ExecReload)
+[[ "$reload" == /bin/kill*'$MAINPID'* ]] || die "ExecReload '$reload' does not signal \$MAINPID"
+read -ra reload_cmd <<<"${reload//\$MAINPID/$pid}"
+"${reload_cmd[@]}" || die "ExecReload failed: ${reload_cmd[*]}"
+reloaded() {
+    for _ in $(seq 1 50); do
+        api -sf "$base/metrics" | grep -q '^order_timeout_config_reloads_total{outcome="unchanged"} 1$' && return 0
+        sleep 0.1
+    done
+    return 1
+}
+check "systemctl reload (ExecReload): settings read again, counted" reloaded
+check "still running after the reload" kill -0 "$pid"
+check "the reload is logged" grep -q 'settings reloaded' "$log"
+
 started=$(date +%s%N)
 kill -TERM "$pid"
 status=0

@@ -164,11 +164,12 @@ shlibs=$(shlib_depends "$(realpath "$root/usr/bin/order-timeout")")
 
 install -d -m 0755 "$root/DEBIAN"
 installed_size=$(du -sk --apparent-size "$root" | cut -f1)
-# postinst needs adduser to create the system user.
+# postinst needs adduser to create the system user; the unit's ExecReload
+# (`systemctl reload`) runs /bin/kill, which procps provides.
 sed -e "s|@VERSION@|$version|" \
     -e "s|@MAINTAINER@|$maintainer|" \
     -e "s|@INSTALLED_SIZE@|$installed_size|" \
-    -e "s|@DEPENDS@|adduser, $shlibs|" \
+    -e "s|@DEPENDS@|adduser, procps, $shlibs|" \
     -e "s|@HOMEPAGE@|${homepage:+Homepage: $homepage\\n}|" \
     packaging/debian/control.in >"$root/DEBIAN/control"
 for script in postinst prerm postrm; do

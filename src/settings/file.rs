@@ -70,7 +70,13 @@ fn render<'a>(out: &mut String, given: impl Fn(&Key) -> Option<(&'a str, &'a Sou
         let _ = write!(out, "\n# {}\n[{name}]\n", section.doc);
         for key in section.keys {
             let field = &key.name[name.len() + 1..];
-            let _ = writeln!(out, "# {}", key.doc);
+            // The keys a reload applies while running say so.
+            let live = if LIVE_KEYS.contains(&key.name) {
+                " Reloads live (SIGHUP)."
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "# {}{live}", key.doc);
             match given(key) {
                 Some((text, source)) => {
                     let value = toml_value(key, text);
