@@ -4,7 +4,7 @@
 #   make demo    watch orders being paid and cancelled live (a local RabbitMQ: rabbitmqctl, management API on 15672)
 #   make test    lint, unit and integration tests against the real services
 #   make test-broker TEST_BROKER=amqp://… TEST_MANAGEMENT=http://…/api
-#                the core scenarios and publisher examples against another broker
+#                the core scenarios, stages, pause and resume, and publisher examples against another broker
 #   make lint    rustfmt and clippy, warnings denied
 #   make services  start whatever local service is down (RabbitMQ, PostgreSQL, MariaDB)
 #   make cluster   start a local three-node RabbitMQ cluster, ports 5681-5683 (scripts/cluster.sh)
@@ -80,7 +80,7 @@ test-broker: databases examples-deps
 	$(call and_forget,ORDER_TIMEOUT_TEST_BROKER=$(TEST_BROKER) ORDER_TIMEOUT_TEST_MANAGEMENT=$(TEST_MANAGEMENT) \
 		$(if $(TEST_RABBITMQCTL),ORDER_TIMEOUT_TEST_RABBITMQCTL="$(TEST_RABBITMQCTL)") $(TEST_ENV) \
 		$(CARGO) test --locked --test api -- --test-threads=$(TEST_THREADS) --skip mariadb \
-		core:: examples:: stages::,$(if $(TEST_RABBITMQCTL),$(FORGET_DELAYED) $(TEST_RABBITMQCTL),echo "plugin timers of deleted test vhosts left on the broker of $(TEST_MANAGEMENT): TEST_RABBITMQCTL not set"))
+		core:: examples:: stages:: control::,$(if $(TEST_RABBITMQCTL),$(FORGET_DELAYED) $(TEST_RABBITMQCTL),echo "plugin timers of deleted test vhosts left on the broker of $(TEST_MANAGEMENT): TEST_RABBITMQCTL not set"))
 
 lint:
 	$(CARGO) fmt --all -- --check

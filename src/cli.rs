@@ -244,7 +244,7 @@ fn hangups() -> anyhow::Result<Hangups> {
 async fn reload_on_hangup(mut hangups: Hangups, ctx: std::sync::Arc<crate::context::Context>) {
     while hangups.recv().await.is_some() {
         let ctx = ctx.clone();
-        let _ = tokio::task::spawn_blocking(move || ctx.reloader.reload(&ctx.events)).await;
+        let _ = tokio::task::spawn_blocking(move || ctx.reload()).await;
     }
 }
 

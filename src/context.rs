@@ -13,7 +13,7 @@ use crate::amqp::topology::{Mode, Names};
 use crate::control::Pauses;
 use crate::events::Events;
 use crate::orders::Orders;
-use crate::reload::Reloader;
+use crate::reload::{ReloadError, Reloaded, Reloader};
 use crate::settings::{Settings, SettingsSource};
 
 /// A connection of the service to the broker, one per role.
@@ -148,6 +148,19 @@ impl Context {
     pub fn with_reload_source(mut self, source: SettingsSource, started: Settings) -> Self {
         self.reloader = Reloader::new(self.settings.clone(), Some((source, started)));
         self
+    }
+
+    /// Reads the settings again and applies what can change while running
+    /// (see [`Reloader::reload`]); logged and counted. Reads a file: call it
+    /// off the async workers.
+    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
+        let reloaded = self.reloader.reload();
+        match &reloaded {
+            Ok(reloaded) => self.events.settings_reloaded(reloaded),
+            Err(ReloadError::Refused(error)) => self.events.settings_refused(error),
+            Err(ReloadError::NoSource) => {}
+        }
+        reloaded
     }
 
     /// The settings in effect now: what a component reads each time it uses

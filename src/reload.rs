@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use crate::domain::Millis;
-use crate::events::Events;
 use crate::settings::{Change, Settings, SettingsSource, changes, is_live};
 use crate::telemetry::{self, LevelChange};
 
@@ -119,8 +118,9 @@ impl Reloader {
     }
 
     /// Reads the settings again and applies what can change while running;
-    /// refuses them whole if any key is wrong. Logged and counted.
-    pub fn reload(&self, events: &Events) -> Result<Reloaded, ReloadError> {
+    /// refuses them whole if any key is wrong. [`crate::context::Context::reload`]
+    /// also logs and counts it.
+    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let source = self.source.as_ref().ok_or(ReloadError::NoSource)?;
         // One reload at a time: two at once could apply in either order.
         let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
@@ -129,7 +129,6 @@ impl Reloader {
             Ok(new) => new,
             Err(e) => {
                 status.last_outcome = Some(Outcome::Refused);
-                events.settings_refused(&e.to_string());
                 return Err(ReloadError::Refused(e.to_string()));
             }
         };
@@ -170,7 +169,6 @@ impl Reloader {
         };
         status.last_outcome = Some(outcome);
         status.restart_needed = reloaded.restart_needed.clone();
-        events.settings_reloaded(&reloaded);
         Ok(reloaded)
     }
 }

@@ -219,7 +219,7 @@ fn set_paused(ctx: &Context, role: &str, paused: bool) -> Result<Json<PauseView>
 )]
 pub(super) async fn reload(State(ctx): State<Arc<Context>>) -> Result<Response, ApiError> {
     // Reads a file: off the async workers.
-    let reloaded = tokio::task::spawn_blocking(move || ctx.reloader.reload(&ctx.events))
+    let reloaded = tokio::task::spawn_blocking(move || ctx.reload())
         .await
         .map_err(|e| {
             ApiError::new(

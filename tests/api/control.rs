@@ -219,27 +219,7 @@ fn writeln_stderr(text: &str) -> std::io::Result<()> {
     writeln!(std::io::stderr(), "{text}")
 }
 
-mod pause_payment_while_500_deadlines_pass {
-    use crate::helpers::{Backend, DelayMode, run};
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_ttl() {
-        run(
-            Backend::Sqlite,
-            DelayMode::Ttl,
-            super::pause_payment_while_500_deadlines_pass,
-        )
-        .await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_plugin() {
-        run(
-            Backend::Postgres,
-            DelayMode::Plugin,
-            super::pause_payment_while_500_deadlines_pass,
-        )
-        .await
-    }
-}
+each_mode!(pause_payment_while_500_deadlines_pass);
 
 /// The relay, then the router: each one paused holds the timeouts where it
 /// stands (outbox rows in the database; a publisher's messages in the ingest

@@ -29,6 +29,24 @@ macro_rules! matrix {
     };
 }
 
+/// Runs a heavy scenario once in each delay mode: on SQLite in TTL mode and on
+/// PostgreSQL in plugin mode (skipped, saying so, without the plugin).
+macro_rules! each_mode {
+    ($name:ident) => {
+        mod $name {
+            use crate::helpers::{Backend, DelayMode, run};
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite_ttl() {
+                run(Backend::Sqlite, DelayMode::Ttl, super::$name).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_plugin() {
+                run(Backend::Postgres, DelayMode::Plugin, super::$name).await
+            }
+        }
+    };
+}
+
 // By concern:
 mod auth; // who may call what, tokens never logged
 mod catch_up; // one due delivery applies every order of its kind already due

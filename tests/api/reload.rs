@@ -234,27 +234,7 @@ async fn reload_during_steady_deadlines(backend: Backend, mode: DelayMode) {
     assert_eq!(live.sweeper.interval, Duration::from_secs(30));
 }
 
-mod reload_during_steady_deadlines {
-    use crate::helpers::{Backend, DelayMode, run};
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_ttl() {
-        run(
-            Backend::Sqlite,
-            DelayMode::Ttl,
-            super::reload_during_steady_deadlines,
-        )
-        .await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_plugin() {
-        run(
-            Backend::Postgres,
-            DelayMode::Plugin,
-            super::reload_during_steady_deadlines,
-        )
-        .await
-    }
-}
+each_mode!(reload_during_steady_deadlines);
 
 /// A file that does not validate is refused whole (its valid changes
 /// too), naming the key; a key read only at start is reported, not applied.
@@ -306,9 +286,10 @@ async fn refused_whole_and_restart_keys_reported(backend: Backend, mode: DelayMo
     let order = app.get_order(&id).await;
     assert_eq!(ms(&order, "pay_deadline") - ms(&order, "created_at"), 2000);
 
-    // Valid, with keys read only at start changed too.
+    // Valid, with keys read only at start changed too, a secret among them.
+    let secret = new_token("checkout");
     file.write(&format!(
-        "{}[amqp]\nprefix = \"elsewhere\"\nqueue_type = \"quorum\"\n[http]\nrequest_timeout = \"7s\"\n",
+        "{}[amqp]\nprefix = \"elsewhere\"\nqueue_type = \"quorum\"\n[http]\nrequest_timeout = \"7s\"\ncheckout_tokens = \"{secret}\"\n",
         phase_file("4s", "")
     ));
     let (status, body) = reload(&app).await;
@@ -317,9 +298,20 @@ async fn refused_whole_and_restart_keys_reported(backend: Backend, mode: DelayMo
     assert_eq!(keys(&body["changed"]), ["windows.payment"]);
     assert_eq!(body["changed"][0]["from"], "2s");
     assert_eq!(body["changed"][0]["to"], "4s");
+    let mut restart = keys(&body["restart_needed"]);
+    restart.sort();
     assert_eq!(
-        keys(&body["restart_needed"]),
-        ["amqp.prefix", "amqp.queue_type", "http.request_timeout"]
+        restart,
+        [
+            "amqp.prefix",
+            "amqp.queue_type",
+            "http.checkout_tokens",
+            "http.request_timeout"
+        ]
+    );
+    assert!(
+        !body.to_string().contains(&secret),
+        "the token is redacted: {body}"
     );
     assert_eq!(app.ctx.live().amqp.prefix, prefix, "not applied");
     let id = place_default(&app).await;
@@ -338,6 +330,7 @@ async fn refused_whole_and_restart_keys_reported(backend: Backend, mode: DelayMo
     assert!(out.contains("amqp.prefix"), "{out}");
     let (out, _, ok) = ctl(&app, &["status"]);
     assert!(ok);
+    assert!(!out.contains(&secret), "{out}");
     assert!(
         out.contains("last reload") && out.contains("unchanged"),
         "{out}"
