@@ -300,12 +300,19 @@ async fn connected_nodes(world: &World, i: usize) -> String {
         .join(", ")
 }
 
-/// The queues holding messages, with their count and leader.
+/// Messages a quorum queue has dead-lettered (at-least-once) whose next queue
+/// has not confirmed them yet: they wait in this queue, not the next one.
+fn dead_lettered(queue: &Value) -> u64 {
+    queue["messages_dlx"].as_u64().unwrap_or(0)
+}
+
+/// The queues holding messages, with their count, those dead-lettered and
+/// not yet taken by the next queue, and their leader.
 async fn waiting(vhost: &str, lost: usize) -> String {
     // Asked of a node that is up: the lost one answers nothing.
     let queues = cluster_api_on((lost + 1) % NODES.len())
         .get(&format!(
-            "/queues/{vhost}?columns=name,messages,messages_ready,messages_unacknowledged,leader,members,online"
+            "/queues/{vhost}?columns=name,messages,messages_ready,messages_unacknowledged,messages_dlx,leader,members,online"
         ))
         .await
         .unwrap_or_default();
@@ -314,13 +321,14 @@ async fn waiting(vhost: &str, lost: usize) -> String {
         .map(Vec::as_slice)
         .unwrap_or_default()
         .iter()
-        .filter(|q| q["messages"].as_u64().unwrap_or(0) > 0)
+        .filter(|q| q["messages"].as_u64().unwrap_or(0) + dead_lettered(q) > 0)
         .map(|q| {
             format!(
-                "{} {} ({} unacked, leader {}, {} of {} members online)",
+                "{} {} ({} unacked, {} dead-lettered not yet in the next queue, leader {}, {} of {} members online)",
                 q["name"].as_str().unwrap_or("?"),
                 q["messages"],
                 q["messages_unacknowledged"],
+                dead_lettered(q),
                 q["leader"].as_str().unwrap_or("?"),
                 q["online"].as_array().map_or(0, Vec::len),
                 q["members"].as_array().map_or(0, Vec::len),
