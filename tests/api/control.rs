@@ -183,7 +183,14 @@ async fn pause_payment_while_500_deadlines_pass(backend: Backend, mode: DelayMod
     .await;
     let caught_up = resumed.elapsed();
     all_cancelled_once_none_early(&app, N as i64, "P", 10_000).await;
-    assert_eq!(app.queue_depth(&work).await, 0, "the queue is drained");
+    // The catch-up may have applied most of them from the first deliveries:
+    // the rest of the queue then drains as not applicable.
+    wait_until(
+        Duration::from_secs(30),
+        "the payment queue drained",
+        || async { (app.queue_depth(&work).await == 0).then_some(()) },
+    )
+    .await;
 
     // Lateness reported for every one, and as long as the pause made it: the
     // last order placed was due 2 s after placing ended, and waited at least
