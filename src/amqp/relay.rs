@@ -336,6 +336,17 @@ async fn round<S: Source>(
     if rows.is_empty() {
         return Ok(Progress::Idle);
     }
+    // A pause that came while the rows were claimed holds them too: a row
+    // committed after `pause` answered is not published.
+    if ctx.pauses.is_paused(Pausable::Relay) {
+        let ids: Vec<i64> = rows.iter().map(S::Table::row_id).collect();
+        if let Err(release) = store::outbox_release::<S::Table>(&ctx.db, &ids).await {
+            // Then they come back when their lease ends.
+            ctx.events
+                .paused("relay", &release.to_string(), store::CLAIM_LEASE);
+        }
+        return Ok(Progress::Idle);
+    }
     let round = match publish_round(ctx, channel, source, &rows).await {
         Ok(round) => round,
         Err(e) => {
