@@ -32,11 +32,7 @@ pub fn init(settings: &LogSettings, beside_progress_line: bool) {
         LogFormat::Pretty => {
             let builder = builder.with_filter_reloading();
             let handle = builder.reload_handle();
-            builder
-                .try_init()
-                .map(|()| -> Box<dyn Fn(EnvFilter) -> bool + Send + Sync> {
-                    Box::new(move |filter| handle.reload(filter).is_ok())
-                })
+            builder.try_init().map(|()| setter(handle))
         }
         LogFormat::Json => {
             let builder = builder
@@ -45,11 +41,7 @@ pub fn init(settings: &LogSettings, beside_progress_line: bool) {
                 .with_current_span(false)
                 .with_filter_reloading();
             let handle = builder.reload_handle();
-            builder
-                .try_init()
-                .map(|()| -> Box<dyn Fn(EnvFilter) -> bool + Send + Sync> {
-                    Box::new(move |filter| handle.reload(filter).is_ok())
-                })
+            builder.try_init().map(|()| setter(handle))
         }
     };
     if let Ok(reload) = installed {
@@ -57,10 +49,18 @@ pub fn init(settings: &LogSettings, beside_progress_line: bool) {
     }
 }
 
+/// Replaces the installed subscriber's filter; false if the subscriber is gone.
+type SetFilter = Box<dyn Fn(EnvFilter) -> bool + Send + Sync>;
+
+/// The filter setter of a subscriber, whichever format it writes.
+fn setter<S: 'static>(handle: tracing_subscriber::reload::Handle<EnvFilter, S>) -> SetFilter {
+    Box::new(move |filter| handle.reload(filter).is_ok())
+}
+
 /// The installed subscriber's filter, to change at a reload.
 struct Level {
-    /// Replaces the filter; false if the subscriber is gone.
-    reload: Box<dyn Fn(EnvFilter) -> bool + Send + Sync>,
+    /// Replaces the filter.
+    reload: SetFilter,
     /// Whether `RUST_LOG` set the filter, which `log.level` then does not.
     overridden: bool,
 }

@@ -36,7 +36,7 @@ use super::catch_up::CatchUp;
 use super::disposition::{Decided, Disposition, admit, decide};
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
-use super::{Backoff, Error, channels, park_delivery, pause, publish_confirmed};
+use super::{Backoff, Ended, Error, channels, park_delivery, pause, publish_confirmed};
 use crate::context::Context;
 use crate::control::Pausable;
 use crate::db::store::{Cause, ExpiryOutcome};
@@ -89,15 +89,6 @@ async fn shutdown_siblings(conn: &Connection) {
     // Closing the connection makes the sibling consumers' streams end with an
     // error; their unacked deliveries go back to the queue.
     let _ = conn.close(320, "consumer failed".into()).await;
-}
-
-/// Why a consumer's session on its channel ended without an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ended {
-    /// The service is stopping.
-    Shutdown,
-    /// An operator paused it.
-    Paused,
 }
 
 struct KindConsumer {

@@ -30,6 +30,16 @@ pub use mode::{choose_mode, delay_mode, resolve_mode};
 pub use publish::{confirmed, park_delivery, publish_confirmed, publish_options};
 pub use supervise::{DECLARER, supervise};
 
+/// Why a consumer's session on its channels (a timeout consumer's, the
+/// router's) ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The service is stopping.
+    Shutdown,
+    /// An operator paused it.
+    Paused,
+}
+
 /// What stops a broker worker; the supervisor logs it and reconnects.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -339,12 +339,7 @@ async fn round<S: Source>(
     // A pause that came while the rows were claimed holds them too: a row
     // committed after `pause` answered is not published.
     if ctx.pauses.is_paused(Pausable::Relay) {
-        let ids: Vec<i64> = rows.iter().map(S::Table::row_id).collect();
-        if let Err(release) = store::outbox_release::<S::Table>(&ctx.db, &ids).await {
-            // Then they come back when their lease ends.
-            ctx.events
-                .paused("relay", &release.to_string(), store::CLAIM_LEASE);
-        }
+        release::<S>(ctx, &rows).await;
         return Ok(Progress::Idle);
     }
     let round = match publish_round(ctx, channel, source, &rows).await {
@@ -354,12 +349,7 @@ async fn round<S: Source>(
             // than at the end of the lease (those already confirmed go out
             // twice: a timeout twice is a no-op for the consumer, an event
             // twice carries the same message id).
-            let ids: Vec<i64> = rows.iter().map(S::Table::row_id).collect();
-            if let Err(release) = store::outbox_release::<S::Table>(&ctx.db, &ids).await {
-                // Then they come back when their lease ends.
-                ctx.events
-                    .paused("relay", &release.to_string(), store::CLAIM_LEASE);
-            }
+            release::<S>(ctx, &rows).await;
             return Err(e);
         }
     };
@@ -368,6 +358,16 @@ async fn round<S: Source>(
     } else {
         Progress::Stopped
     })
+}
+
+/// Gives claimed rows back before their lease ends, for the next round.
+async fn release<S: Source>(ctx: &Context, rows: &[Row<S>]) {
+    let ids: Vec<i64> = rows.iter().map(S::Table::row_id).collect();
+    if let Err(release) = store::outbox_release::<S::Table>(&ctx.db, &ids).await {
+        // Then they come back when their lease ends.
+        ctx.events
+            .paused("relay", &release.to_string(), store::CLAIM_LEASE);
+    }
 }
 
 /// Deletes the rows the broker confirmed and records the refusals; false when

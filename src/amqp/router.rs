@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::disposition::admit;
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park};
-use super::{Error, channels, park_delivery, publish_confirmed};
+use super::{Ended, Error, channels, park_delivery, publish_confirmed};
 use crate::context::Context;
 use crate::control::Pausable;
 use crate::domain::TimeoutKind;
@@ -82,20 +82,20 @@ pub async fn run(
             _ = shutdown.cancelled() => return Ok(()),
             _ = ctx.pauses.until(Pausable::Router, false) => {}
         }
-        if !session(&ctx, &conn, mode, &shutdown).await? {
+        if session(&ctx, &conn, mode, &shutdown).await? == Ended::Shutdown {
             return Ok(());
         }
     }
 }
 
-/// Consumes the ingest queue on new channels until shutdown (false), a pause
-/// (true) or a failure.
+/// Consumes the ingest queue on new channels until shutdown, a pause or a
+/// failure.
 async fn session(
     ctx: &Arc<Context>,
     conn: &Connection,
     mode: Mode,
     shutdown: &CancellationToken,
-) -> Result<bool, Error> {
+) -> Result<Ended, Error> {
     // Prefetch bounds how many messages are in flight between broker and router;
     // confirms: a message is acked from ingest only once its copy is safe.
     let (consume, publish) = channels(conn, ctx.settings.amqp.router_prefetch).await?;
@@ -112,8 +112,8 @@ async fn session(
     let result = loop {
         tokio::select! {
             biased;
-            _ = shutdown.cancelled() => break Ok(false),
-            _ = ctx.pauses.until(Pausable::Router, true) => break Ok(true),
+            _ = shutdown.cancelled() => break Ok(Ended::Shutdown),
+            _ = ctx.pauses.until(Pausable::Router, true) => break Ok(Ended::Paused),
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                 if let Err(e) = done {
                     break Err(e);
@@ -139,7 +139,7 @@ async fn session(
             ctx.events.route_abandoned(&e.to_string());
         }
     }
-    if let Ok(true) = result {
+    if let Ok(Ended::Paused) = result {
         // What the broker had pushed and was not routed goes back to ingest.
         let _ = consume.close(200, "paused".into()).await;
         let _ = publish.close(200, "paused".into()).await;
