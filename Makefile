@@ -128,6 +128,8 @@ test-cluster: databases cluster
 tools:
 	@command -v socat >/dev/null || (apt-get update -qq && apt-get install -y -qq socat)
 	@command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq openssl)
+	@# libfaketime runs a second instance with its clock ahead (tests/api/clocks.rs).
+	@command -v faketime >/dev/null || (apt-get update -qq && apt-get install -y -qq faketime)
 	@# promtool comes with Prometheus; the server the package would start is not wanted here.
 	@command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus \
 		&& (systemctl disable --now prometheus 2>/dev/null || true))

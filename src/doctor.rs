@@ -74,6 +74,7 @@ async fn check_database(report: &mut Report, settings: &Settings) {
         Err(e) => return report.fail("reachable", format!("{url}: {e}")),
     };
     report.ok("reachable", format!("{url} ({})", db::backend_name(&conn)));
+    check_clock(report, &conn).await;
     let owned = settings.mapping.source == OrdersSource::Owned;
     if !owned {
         check_mapping(report, settings, &conn).await;
@@ -107,6 +108,38 @@ async fn check_database(report: &mut Report, settings: &Settings) {
         } else {
             report.ok("events outbox", line);
         }
+    }
+}
+
+/// This host's clock against the database's, which decides what is due: a
+/// warning, not a failure, since the service never judges by the host's.
+async fn check_clock(report: &mut Report, conn: &DatabaseConnection) {
+    if conn.get_database_backend() == sea_orm::DbBackend::Sqlite {
+        return report.ok(
+            "clock",
+            "SQLite is embedded: the database's clock is this host's",
+        );
+    }
+    match db::clock::skew(conn).await {
+        Ok(skew) => {
+            let line = format!(
+                "the database's clock decides what is due; this host's is {:+.3} s from it (±{} ms)",
+                skew.seconds(),
+                skew.uncertainty.as_millis()
+            );
+            if skew.worth_a_warning() {
+                report.warn(
+                    "clock",
+                    format!(
+                        "{line}, over {} s: fix this host's time (NTP), or its logs and AMQP timestamps mislead",
+                        db::clock::SKEW_WARN.as_secs()
+                    ),
+                );
+            } else {
+                report.ok("clock", line);
+            }
+        }
+        Err(e) => report.fail("clock", format!("cannot read the database's clock: {e}")),
     }
 }
 

@@ -17,7 +17,15 @@ use crate::domain::{Millis, TimeoutKind};
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     let mut reloads = ctx.reloader.subscribe();
     loop {
-        refresh(&ctx, Millis::now()).await;
+        // One reading of the database's clock: overdue is judged by it, and
+        // this host's clock is compared with it for the skew gauge.
+        match crate::db::clock::skew(&ctx.db).await {
+            Ok(skew) => {
+                ctx.events.clock_skew(skew);
+                refresh(&ctx, skew.database).await;
+            }
+            Err(e) => ctx.events.backlog_unreadable(&e.to_string()),
+        }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(ctx.live().metrics.gauge_interval) => {}

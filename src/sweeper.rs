@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 use crate::control::Pausable;
+use crate::db::clock;
 use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 
@@ -35,7 +36,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         if ctx.pauses.is_paused(Pausable::Sweeper) {
             continue;
         }
-        if let Err(e) = sweep(&ctx, Millis::now()).await {
+        // Overdue by the database's clock, not this host's (`db::clock`).
+        let swept = match clock::now(&ctx.db).await {
+            Ok(now) => sweep(&ctx, now).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = swept {
             ctx.events.paused("sweeper", &e.to_string(), interval);
         }
     }
@@ -123,7 +129,7 @@ async fn expire_isolating(
     let mut caught = 0;
     let mut parts = vec![ids];
     while let Some(part) = parts.pop() {
-        let now = Millis::now();
+        let now = clock::now(&ctx.db).await?;
         let error = match ctx
             .orders
             .expire(&ctx.db, kind, &part, now, Cause::Sweeper)

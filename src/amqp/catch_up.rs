@@ -28,6 +28,7 @@ use futures_util::{StreamExt, stream};
 use tokio::time::Instant;
 
 use crate::context::Context;
+use crate::db::clock;
 use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 
@@ -136,7 +137,11 @@ impl CatchUp {
         }
         self.last = Some(started);
         let limit = (ctx.live().consumer.batch_size as u64).max(PAGE_AT_LEAST);
-        let now = Millis::now();
+        // One reading of the database's clock for the round: every page is
+        // judged by it, and a failed page's audit rows are looked up by it.
+        let Ok(now) = clock::now(&ctx.db).await else {
+            return 0;
+        };
         let mut pages = Vec::new();
         let mut after = None;
         while pages.len() < MAX_PAGES {

@@ -39,6 +39,7 @@ use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Backoff, Ended, Error, channels, park_delivery, pause, publish_confirmed};
 use crate::context::Context;
 use crate::control::Pausable;
+use crate::db::clock;
 use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 
@@ -385,13 +386,19 @@ impl KindConsumer {
                 }
                 None => return Some(decided),
             };
-            let now = Millis::now();
             let orders = &self.ctx.orders;
-            let error = match orders
-                .expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout)
-                .await
-            {
-                Ok(outcomes) => {
+            // The database's clock decides what is due (`db::clock`); a
+            // failed reading is a failed attempt like any other.
+            let attempt = match clock::now(&self.ctx.db).await {
+                Ok(now) => orders
+                    .expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout)
+                    .await
+                    .map(|outcomes| (now, outcomes))
+                    .map_err(|e| (Some(now), e)),
+                Err(e) => Err((None, e)),
+            };
+            let error = match attempt {
+                Ok((now, outcomes)) => {
                     if outcomes
                         .values()
                         .any(|o| matches!(o, ExpiryOutcome::Applied { .. }))
@@ -413,8 +420,10 @@ impl KindConsumer {
                     }
                     continue;
                 }
-                Err(e) => {
-                    if failed.len() < MAX_FAILED_ATTEMPTS {
+                Err((now, e)) => {
+                    if let Some(now) = now
+                        && failed.len() < MAX_FAILED_ATTEMPTS
+                    {
                         failed.push(now);
                     }
                     e

@@ -33,6 +33,7 @@ use super::wire::{self, TimeoutMessage};
 use super::{Backoff, Error, confirmed as amqp_confirmed, pause, publish_options};
 use crate::context::Context;
 use crate::control::Pausable;
+use crate::db::clock;
 use crate::db::entities::{order_timeout_events, outbox};
 use crate::db::events::routing_key;
 use crate::db::store::{self, Relayed};
@@ -61,8 +62,11 @@ pub async fn monitor(ctx: Arc<Context>, shutdown: CancellationToken) {
 /// Reads one outbox's backlog into its gauges; a failed read leaves them as
 /// they were (the database's trouble is reported by whoever needs it).
 async fn report_backlog<T: Relayed>(ctx: &Context) {
-    if let Ok(state) = store::outbox_backlog::<T>(&ctx.db).await {
-        ctx.events.outbox_backlog(T::OUTBOX, state, Millis::now());
+    // The rows' ages are reckoned by the clock that stamped them.
+    if let Ok(state) = store::outbox_backlog::<T>(&ctx.db).await
+        && let Ok(now) = clock::now(&ctx.db).await
+    {
+        ctx.events.outbox_backlog(T::OUTBOX, state, now);
     }
 }
 
@@ -322,10 +326,19 @@ async fn round<S: Source>(
     shutdown: &CancellationToken,
 ) -> Result<Progress, Error> {
     let batch = ctx.live().relay.batch_size;
-    let rows = match store::outbox_claim::<S::Table>(&ctx.db, batch, Millis::now()).await {
-        Ok(rows) => {
+    // One reading of the database's clock for the round: the claim's lease
+    // and each timeout's `x-delay` (its deadline less this) are reckoned from
+    // it, so a relay whose host clock runs fast publishes no delay short.
+    let claimed = match clock::now(&ctx.db).await {
+        Ok(now) => store::outbox_claim::<S::Table>(&ctx.db, batch, now)
+            .await
+            .map(|rows| (now, rows)),
+        Err(e) => Err(e),
+    };
+    let (now, rows) = match claimed {
+        Ok(claimed) => {
             turn.answered();
-            rows
+            claimed
         }
         Err(e) => {
             let delay = turn.failed();
@@ -342,7 +355,7 @@ async fn round<S: Source>(
         release::<S>(ctx, &rows).await;
         return Ok(Progress::Idle);
     }
-    let round = match publish_round(ctx, channel, source, &rows).await {
+    let round = match publish_round(ctx, channel, source, &rows, now).await {
         Ok(round) => round,
         Err(e) => {
             // The connection broke mid-round: give the rows back now rather
@@ -353,7 +366,7 @@ async fn round<S: Source>(
             return Err(e);
         }
     };
-    Ok(if settle(ctx, source, round, shutdown).await {
+    Ok(if settle(ctx, source, round, now, shutdown).await {
         Progress::Busy
     } else {
         Progress::Stopped
@@ -376,6 +389,7 @@ async fn settle<S: Source>(
     ctx: &Context,
     source: &S,
     round: Round<'_, Row<S>>,
+    now: Millis,
     shutdown: &CancellationToken,
 ) -> bool {
     let Round { confirmed, refused } = round;
@@ -399,7 +413,6 @@ async fn settle<S: Source>(
         // Not retried at once: each refused row waits, and the rows behind
         // it go out meanwhile; one refused too often is set aside.
         let max_attempts = ctx.settings.relay.max_attempts;
-        let now = Millis::now();
         match store::outbox_refused::<S::Table>(&ctx.db, &refused, max_attempts, now).await {
             Ok(set_aside) if !set_aside.is_empty() => {
                 ctx.events.outbox_set_aside(outbox, &set_aside, first);
@@ -428,8 +441,8 @@ async fn publish_round<'a, S: Source>(
     channel: &lapin::Channel,
     source: &S,
     rows: &'a [Row<S>],
+    now: Millis,
 ) -> Result<Round<'a, Row<S>>, Error> {
-    let now = Millis::now();
     let mut pending = Vec::with_capacity(rows.len());
     let mut unpublishable: BTreeMap<&'static str, Vec<i64>> = BTreeMap::new();
     for row in rows {

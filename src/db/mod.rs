@@ -2,6 +2,7 @@
 //! the transactions in [`store`], and the domain events every transition
 //! appends ([`events`]).
 
+pub mod clock;
 pub mod entities;
 pub mod events;
 pub mod store;

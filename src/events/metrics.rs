@@ -60,6 +60,7 @@ pub(super) struct Metrics {
     pub(super) broker_connected: Family<Labels1, Gauge>,
     pub(super) paused: Family<Labels1, Gauge>,
     pub(super) config_reloads: Family<Labels1, Counter>,
+    pub(super) clock_skew: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 /// Registers `metric` under `name` and returns it: a metric is a handle, so
@@ -320,6 +321,12 @@ impl Metrics {
                 "config_reloads",
                 "Settings reloads (SIGHUP, POST /admin/reload), by outcome: applied, unchanged, refused",
                 Family::<Labels1, Counter>::default(),
+            ),
+            clock_skew: registered(
+                &mut registry,
+                "clock_skew_seconds",
+                "How far this host's clock is ahead of the database's (negative: behind), measured every metrics.gauge_interval; what is due is decided by the database's clock either way",
+                Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
             ),
             registry,
         }

@@ -26,6 +26,8 @@ pub struct Events {
     database_unready: AtomicBool,
     /// Whether the last reading of the order gauges failed (logged on change only).
     backlog_unreadable: AtomicBool,
+    /// Whether the last skew measured was worth a warning (logged on change only).
+    clock_skewed: AtomicBool,
 }
 
 impl Events {
@@ -36,6 +38,7 @@ impl Events {
             stages_unreadable: AtomicBool::new(false),
             database_unready: AtomicBool::new(false),
             backlog_unreadable: AtomicBool::new(false),
+            clock_skewed: AtomicBool::new(false),
         };
         // These series exist from the start, at zero, so a rate or an alert
         // over them is never empty.
@@ -456,6 +459,33 @@ impl Events {
                 error,
                 "cannot read the order gauges from the database; pending_timeouts, overdue_orders and oldest_overdue_seconds are withdrawn until it can"
             );
+        }
+    }
+
+    /// The skew between this host's clock and the database's was measured.
+    /// Decisions do not depend on it (they use the database's clock), but a
+    /// host whose clock is off writes misleading logs and AMQP timestamps,
+    /// and is often a sign of a stepped or stopped NTP: warned about when it
+    /// goes over [`SKEW_WARN`](crate::db::clock::SKEW_WARN), told again when
+    /// it is back under.
+    pub fn clock_skew(&self, skew: crate::db::clock::Skew) {
+        self.m.clock_skew.set(skew.seconds());
+        let worth = skew.worth_a_warning();
+        if self.clock_skewed.swap(worth, Ordering::Relaxed) != worth {
+            let skew_ms = skew.host_ahead_ms;
+            if worth {
+                tracing::warn!(
+                    skew_ms,
+                    "this host's clock is {:.3} s {} the database's; deadlines are judged by the database's clock, but fix the host's time (NTP)",
+                    skew.seconds().abs(),
+                    if skew_ms > 0 { "ahead of" } else { "behind" }
+                );
+            } else {
+                tracing::info!(
+                    skew_ms,
+                    "this host's clock agrees with the database's again"
+                );
+            }
         }
     }
 

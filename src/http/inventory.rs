@@ -59,7 +59,8 @@ pub(super) async fn put_inventory(
             "available must be from 0 to {MAX_STOCK}"
         )));
     }
-    let stock = store::put_stock(&ctx.api_db, &sku, body.available, Millis::now()).await?;
+    let now = db::clock::now(&ctx.api_db).await?;
+    let stock = store::put_stock(&ctx.api_db, &sku, body.available, now).await?;
     Ok(Json(StockView::from(stock)).into_response())
 }
 

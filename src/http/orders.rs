@@ -251,7 +251,10 @@ pub(super) async fn create_order(
     let Json(body) = body?;
     let (items, window) = checkout_request(body, &ctx.live().windows)?;
     let key = key.map(|key| IdempotencyKey::new(key, &items, window, checkout_answer));
-    match store::checkout(&ctx.api_db, &items, window, Millis::now(), key.as_ref()).await {
+    // The deadline is stamped by the database's clock, which every instance
+    // judges it by (`db::clock`).
+    let now = db::clock::now(&ctx.api_db).await?;
+    match store::checkout(&ctx.api_db, &items, window, now, key.as_ref()).await {
         Ok(order) => {
             // The outbox row and the `created` event are committed: let the
             // relay publish them now.
@@ -383,13 +386,15 @@ pub(super) async fn order_action(
     } else {
         store::Deadline::Enforced
     };
+    // Late or not is judged by the database's clock, like the timeouts.
+    let now = db::clock::now(&ctx.api_db).await?;
     match store::act_during(
         &ctx.api_db,
         id,
         action,
         // Read now: a reload applies new windows to the orders acted on after it.
         &ctx.live().windows,
-        Millis::now(),
+        now,
         deadline,
     )
     .await

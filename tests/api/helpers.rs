@@ -95,6 +95,7 @@ impl DelayMode {
 
 /// The service's HTTP API at one address: the in-process app's, or a `serve`
 /// child's. Every call goes through `http`, with its token.
+#[derive(Clone)]
 pub struct Api {
     /// `http://127.0.0.1:<port>`.
     pub base: String,

@@ -50,6 +50,7 @@ macro_rules! each_mode {
 // By concern:
 mod auth; // who may call what, tokens never logged
 mod catch_up; // one due delivery applies every order of its kind already due
+mod clocks; // the database's clock decides, whatever an instance's host clock says
 mod control; // pause and resume each role while running; ctl
 mod core; // the core promises, every backend and delay mode
 mod dashboard; // the Grafana dashboard's queries name real metrics
