@@ -8,7 +8,9 @@
 //! A paused sweeper skips its rounds; while the consumer of a kind is paused,
 //! the sweeper leaves that kind alone too, so that a pause stops the kind's
 //! transitions on this instance (unpaid orders are not cancelled while a
-//! payment provider is down, say).
+//! payment provider is down, say). Both are checked before every page, and
+//! each page's transaction passes both gates ([`crate::control::Pauses::enter`]):
+//! once either pause has answered, no page of the sweep starts.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,7 +51,7 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
     let mut failed = None;
     let kinds = TimeoutKind::ALL
         .into_iter()
-        .filter(|k| ctx.orders.maps(*k) && !ctx.pauses.kind_paused(*k));
+        .filter(|k| ctx.orders.maps(*k) && !ctx.pauses.any_paused(&roles(*k)));
     for kind in kinds {
         match sweep_kind(ctx, kind, now).await {
             Ok(n) => caught += n,
@@ -62,6 +64,12 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
     }
 }
 
+/// The roles whose pause stops the sweeper's work on `kind`: itself, and
+/// the kind's consumer.
+fn roles(kind: TimeoutKind) -> [Pausable; 2] {
+    [Pausable::Sweeper, Pausable::Consumer(kind)]
+}
+
 /// Sweeps one kind, a page at a time, oldest deadline first. Pages follow each
 /// other by `(deadline, id)`, so an order the database refuses is passed over
 /// in this sweep (and tried again in the next), not taken again and again.
@@ -69,7 +77,8 @@ async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64
     let settings = ctx.live().sweeper.clone();
     let mut caught = 0;
     let mut after = None;
-    loop {
+    // Paused mid-sweep: the rest waits for the resume.
+    while !ctx.pauses.any_paused(&roles(kind)) {
         let page = ctx
             .orders
             .overdue(
@@ -91,6 +100,7 @@ async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64
             return Ok(caught);
         }
     }
+    Ok(caught)
 }
 
 /// Counts and tells the orders `outcomes` applied (at `now`).
@@ -115,6 +125,7 @@ fn caught_now(
 
 /// Applies a page; when the database answers but refuses it, halves it down
 /// to the orders it refuses, which are logged and left for the next sweep.
+/// A pause that comes first leaves the rest of the page for the resume.
 async fn expire_isolating(
     ctx: &Context,
     kind: TimeoutKind,
@@ -122,13 +133,20 @@ async fn expire_isolating(
 ) -> Result<u64, DbErr> {
     let mut caught = 0;
     let mut parts = vec![ids];
+    let roles = roles(kind);
     while let Some(part) = parts.pop() {
         let now = Millis::now();
-        let error = match ctx
+        // Held until the transaction ends: a pause of the sweeper or of the
+        // kind's consumer waits for it, and refuses the next.
+        let Some(pass) = ctx.pauses.enter(&roles).await else {
+            break;
+        };
+        let expired = ctx
             .orders
             .expire(&ctx.db, kind, &part, now, Cause::Sweeper)
-            .await
-        {
+            .await;
+        drop(pass);
+        let error = match expired {
             Ok(outcomes) => {
                 caught += caught_now(ctx, kind, &outcomes, now);
                 continue;
