@@ -6,12 +6,20 @@
 //! instance: a restart starts with nothing paused. Each role watches its own
 //! flag: a consumer or the router cancels its AMQP consumer when paused and
 //! consumes again when resumed; the relay and the sweeper skip their rounds.
+//!
+//! A flag alone is no barrier: a transaction that read it just before a
+//! pause would commit after the pause answered. So each role also has a
+//! gate ([`Pauses::enter`]): every transaction that changes orders on a
+//! role's behalf holds it from before its first statement until it commits,
+//! and [`Pauses::pause`] returns only once every transaction that entered
+//! before the flag was set has ended. After `pause` answers, nothing of that
+//! role changes an order until it is resumed.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
 
-use tokio::sync::watch;
+use tokio::sync::{RwLock, RwLockReadGuard, watch};
 
 use crate::domain::{Millis, TimeoutKind};
 
@@ -89,6 +97,20 @@ pub struct Pauses {
     flags: watch::Sender<[bool; 6]>,
     /// When each paused role was paused.
     since: Mutex<[Option<Millis>; 6]>,
+    /// One gate per role, in [`Pausable::ALL`]'s order: held shared by each
+    /// of the role's transactions that change orders, taken exclusively by
+    /// a pause to wait for them. Tokio's lock is fair: a transaction that
+    /// comes while a pause waits queues behind it, then finds the flag set.
+    gates: [RwLock<()>; 6],
+}
+
+/// Leave for one transaction to change orders on behalf of some roles, from
+/// [`Pauses::enter`]. Hold it until the transaction has committed or rolled
+/// back: a pause of any of those roles waits for it to be dropped.
+#[must_use = "the pass must be held until the transaction ends"]
+#[derive(Debug)]
+pub struct Pass<'a> {
+    _held: Vec<RwLockReadGuard<'a, ()>>,
 }
 
 impl Default for Pauses {
@@ -96,6 +118,7 @@ impl Default for Pauses {
         Self {
             flags: watch::Sender::new([false; 6]),
             since: Mutex::new([None; 6]),
+            gates: std::array::from_fn(|_| RwLock::new(())),
         }
     }
 }
@@ -113,6 +136,45 @@ impl Pauses {
             since[i] = paused.then(Millis::now);
         }
         changed
+    }
+
+    /// Pauses `role` and returns once no transaction of it is under way:
+    /// those that entered its gate before the flag was set have ended, and
+    /// any later one is refused. Returns whether that changed anything.
+    pub async fn pause(&self, role: Pausable) -> bool {
+        let changed = self.set(role, true);
+        // Waits for every pass of the role to be dropped; at once when
+        // none is held. Released at once: the flag refuses the next ones.
+        drop(self.gates[role.index()].write().await);
+        changed
+    }
+
+    /// The gate of one transaction that changes orders on behalf of `roles`
+    /// (a consumer: its kind; the sweeper: itself and the kind it sweeps):
+    /// `None`, and the transaction must not start, when any of them is
+    /// paused; otherwise a [`Pass`] to hold until it commits. The one place
+    /// that decides whether a change may start.
+    pub async fn enter(&self, roles: &[Pausable]) -> Option<Pass<'_>> {
+        // Gates taken in one order everywhere: a pass waiting for a second
+        // gate holds none that a pause of the second is waiting for.
+        let mut indices: Vec<usize> = roles.iter().map(|r| r.index()).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        let mut held = Vec::with_capacity(indices.len());
+        for i in indices {
+            held.push(self.gates[i].read().await);
+            // Read with the gate held: a pause that set the flag earlier is
+            // seen here; one that sets it later waits for this pass.
+            if self.flags.borrow()[i] {
+                return None;
+            }
+        }
+        Some(Pass { _held: held })
+    }
+
+    /// Whether any of `roles` is paused now.
+    pub fn any_paused(&self, roles: &[Pausable]) -> bool {
+        roles.iter().any(|r| self.is_paused(*r))
     }
 
     /// Whether `role` is paused now.
@@ -152,6 +214,8 @@ impl Pauses {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::FutureExt;
+
     use super::*;
 
     #[test]
@@ -183,5 +247,56 @@ mod tests {
         tokio::join!(waiter, resume);
         assert!(pauses.paused().is_empty());
         assert!(pauses.snapshot()[0].1.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_pause_waits_for_the_transactions_in_its_gate() {
+        let pauses = Pauses::default();
+        let payment = Pausable::Consumer(TimeoutKind::Payment);
+        let pass = pauses.enter(&[payment, Pausable::Sweeper]).await;
+        assert!(pass.is_some(), "nothing paused: the transaction starts");
+        let mut pause = Box::pin(pauses.pause(payment));
+        // The pass is still held: the pause sets the flag, but does not answer.
+        assert!(pause.as_mut().now_or_never().is_none());
+        assert!(pauses.kind_paused(TimeoutKind::Payment));
+        // Another role's gate is not held up by it.
+        assert!(
+            pauses
+                .enter(&[Pausable::Consumer(TimeoutKind::Receipt)])
+                .await
+                .is_some()
+        );
+        drop(pass);
+        assert!(pause.await, "answers once the transaction has ended");
+        assert!(
+            pauses.enter(&[payment]).await.is_none(),
+            "refused after the pause"
+        );
+        assert!(pauses.enter(&[Pausable::Sweeper, payment]).await.is_none());
+        assert!(
+            !pauses.pause(payment).await,
+            "already paused, nothing in flight"
+        );
+        pauses.set(payment, false);
+        assert!(pauses.enter(&[payment]).await.is_some(), "resumed");
+    }
+
+    #[tokio::test]
+    async fn a_transaction_arriving_while_a_pause_waits_is_refused() {
+        let pauses = Pauses::default();
+        let sweeper = [Pausable::Sweeper];
+        let pass = pauses.enter(&sweeper).await;
+        let mut pause = Box::pin(pauses.pause(Pausable::Sweeper));
+        assert!(pause.as_mut().now_or_never().is_none());
+        // Queued behind the waiting pause, then refused by the flag.
+        let mut late = Box::pin(pauses.enter(&sweeper));
+        assert!(late.as_mut().now_or_never().is_none());
+        drop(pass);
+        let (answered, late) = tokio::join!(pause, late);
+        assert!(answered);
+        assert!(
+            late.is_none(),
+            "a transaction after the pause does not start"
+        );
     }
 }

@@ -8,7 +8,9 @@
 //! A paused sweeper skips its rounds; while the consumer of a kind is paused,
 //! the sweeper leaves that kind alone too, so that a pause stops the kind's
 //! transitions on this instance (unpaid orders are not cancelled while a
-//! payment provider is down, say).
+//! payment provider is down, say). Both are checked before every page, and
+//! each page's transaction passes both gates ([`crate::control::Pauses::enter`]):
+//! once either pause has answered, no page of the sweep starts.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,7 +57,7 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
     let mut failed = None;
     let kinds = TimeoutKind::ALL
         .into_iter()
-        .filter(|k| ctx.orders.maps(*k) && !ctx.pauses.kind_paused(*k));
+        .filter(|k| ctx.orders.maps(*k) && !ctx.pauses.any_paused(&roles(*k)));
     for kind in kinds {
         match sweep_kind(ctx, kind, now).await {
             Ok(n) => caught += n,
@@ -68,6 +70,12 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
     }
 }
 
+/// The roles whose pause stops the sweeper's work on `kind`: itself, and
+/// the kind's consumer.
+fn roles(kind: TimeoutKind) -> [Pausable; 2] {
+    [Pausable::Sweeper, Pausable::Consumer(kind)]
+}
+
 /// Sweeps one kind, a page at a time, oldest deadline first. Pages follow each
 /// other by `(deadline, id)`, so an order the database refuses is passed over
 /// in this sweep (and tried again in the next), not taken again and again.
@@ -75,7 +83,8 @@ async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64
     let settings = ctx.live().sweeper.clone();
     let mut caught = 0;
     let mut after = None;
-    loop {
+    // Paused mid-sweep: the rest waits for the resume.
+    while !ctx.pauses.any_paused(&roles(kind)) {
         let page = ctx
             .orders
             .overdue(
@@ -97,6 +106,7 @@ async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64
             return Ok(caught);
         }
     }
+    Ok(caught)
 }
 
 /// Counts and tells the orders `outcomes` applied (at `now`).
@@ -121,6 +131,7 @@ fn caught_now(
 
 /// Applies a page; when the database answers but refuses it, halves it down
 /// to the orders it refuses, which are logged and left for the next sweep.
+/// A pause that comes first leaves the rest of the page for the resume.
 async fn expire_isolating(
     ctx: &Context,
     kind: TimeoutKind,
@@ -128,13 +139,20 @@ async fn expire_isolating(
 ) -> Result<u64, DbErr> {
     let mut caught = 0;
     let mut parts = vec![ids];
+    let roles = roles(kind);
     while let Some(part) = parts.pop() {
+        // Held until the transaction ends: a pause of the sweeper or of the
+        // kind's consumer waits for it, and refuses the next.
+        let Some(pass) = ctx.pauses.enter(&roles).await else {
+            break;
+        };
         let now = clock::now(&ctx.db).await?;
-        let error = match ctx
+        let expired = ctx
             .orders
             .expire(&ctx.db, kind, &part, now, Cause::Sweeper)
-            .await
-        {
+            .await;
+        drop(pass);
+        let error = match expired {
             Ok(outcomes) => {
                 caught += caught_now(ctx, kind, &outcomes, now);
                 continue;

@@ -20,6 +20,12 @@
 //! them like the sweeper's (their own messages then count `not_applicable`).
 //! Nothing acts early: only orders whose deadline has passed by the clock the
 //! transitions use are taken.
+//!
+//! The catch-up belongs to its kind's consumer, and a pause of that consumer
+//! stops it too: a round does not start while the kind is paused, reads no
+//! further page once it is, and each page's transaction passes the kind's
+//! gate ([`crate::control::Pauses::enter`]), so none starts after `pause`
+//! answered.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
@@ -28,6 +34,7 @@ use futures_util::{StreamExt, stream};
 use tokio::time::Instant;
 
 use crate::context::Context;
+use crate::control::Pausable;
 use crate::db::clock;
 use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
@@ -135,6 +142,11 @@ impl CatchUp {
         {
             return 0;
         }
+        if ctx.pauses.kind_paused(self.kind) {
+            // No round follows on its own until a resumed consumer asks.
+            self.found = false;
+            return 0;
+        }
         self.last = Some(started);
         let limit = (ctx.live().consumer.batch_size as u64).max(PAGE_AT_LEAST);
         // One reading of the database's clock for the round: every page is
@@ -144,7 +156,8 @@ impl CatchUp {
         };
         let mut pages = Vec::new();
         let mut after = None;
-        while pages.len() < MAX_PAGES {
+        // Paused meanwhile: the pages read so far are refused by the gate.
+        while pages.len() < MAX_PAGES && !ctx.pauses.kind_paused(self.kind) {
             let page = match ctx
                 .orders
                 .overdue(
@@ -218,6 +231,11 @@ async fn apply(ctx: &Context, kind: TimeoutKind, keys: Vec<OrderKey>, now: Milli
         if part.is_empty() {
             continue;
         }
+        // Held until the page's transaction ends; paused: the page and what
+        // is left of it wait for the resume (their deliveries, the sweeper).
+        let Some(_pass) = ctx.pauses.enter(&[Pausable::Consumer(kind)]).await else {
+            break;
+        };
         let outcomes = match ctx
             .orders
             .expire(&ctx.db, kind, &part, now, Cause::Timeout)

@@ -16,7 +16,9 @@
 //! A consumer paused by an operator ([`crate::control`]) finishes its batch,
 //! cancels its AMQP consumer and closes its channel, so that what it had
 //! prefetched and what it held goes back to the queue; resumed, it opens a
-//! new channel and consumes again.
+//! new channel and consumes again. Each transaction passes the kind's gate
+//! ([`crate::control::Pauses::enter`]): a pause waits for the one under way,
+//! and the rest of a batch that a pause overtook is given back undecided.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -387,6 +389,14 @@ impl KindConsumer {
                 None => return Some(decided),
             };
             let orders = &self.ctx.orders;
+            let role = Pausable::Consumer(self.kind);
+            // Held until the transaction ends. Paused first: this part and
+            // every one still to decide are left undecided.
+            let Some(pass) = self.ctx.pauses.enter(&[role]).await else {
+                let rest = parts.into_iter().chain(suspects).flat_map(|(p, _)| p);
+                decided.left.extend(part.into_iter().chain(rest));
+                return Some(decided);
+            };
             // The database's clock decides what is due (`db::clock`); a
             // failed reading is a failed attempt like any other.
             let attempt = match clock::now(&self.ctx.db).await {
@@ -397,6 +407,9 @@ impl KindConsumer {
                     .map_err(|e| (Some(now), e)),
                 Err(e) => Err((None, e)),
             };
+            // Committed or rolled back: a pause waits for nothing that follows
+            // (an outage's backoff least of all).
+            drop(pass);
             let error = match attempt {
                 Ok((now, outcomes)) => {
                     if outcomes
@@ -471,6 +484,16 @@ impl KindConsumer {
         let mut settled = Vec::with_capacity(valid.len());
         for (delivery, message) in valid {
             let id = &message.order_id;
+            if decided.undecided(id) {
+                // A pause came first: back to the queue for the resume, as
+                // the pause gives back what it holds; not a retry loop.
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                };
+                delivery.acker.nack(requeue).await?;
+                continue;
+            }
             let action = match (decided.outcomes.get(id), decided.refused.get(id)) {
                 (Some((outcome, now)), _) => {
                     decide(outcome.clone(), *now, hold_max, seen.insert(id.clone()))

@@ -2,7 +2,7 @@
 //! outcome of a batch's transitions ([`Decided`]) and, for each delivery, its
 //! [`Disposition`] (ack, hold, re-delay or park), decided in one place.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::wire::{Park, ParkReason, TimeoutMessage};
@@ -17,9 +17,18 @@ pub struct Decided {
     pub outcomes: HashMap<OrderKey, (ExpiryOutcome, Millis)>,
     /// Orders whose transition the database refused, alone, with its error.
     pub refused: HashMap<OrderKey, String>,
+    /// Orders not decided because their consumer was paused first: their
+    /// deliveries go back to the queue, neither acked nor counted.
+    pub left: HashSet<OrderKey>,
 }
 
 impl Decided {
+    /// Whether the order was left undecided by a pause (a duplicate delivery
+    /// of it decided in another part is decided).
+    pub fn undecided(&self, id: &OrderKey) -> bool {
+        self.left.contains(id) && !self.outcomes.contains_key(id) && !self.refused.contains_key(id)
+    }
+
     /// Adds one part's outcomes. An order split across parts (duplicate
     /// deliveries) keeps the outcome that applied it.
     pub fn merge(&mut self, outcomes: HashMap<OrderKey, ExpiryOutcome>, now: Millis) {

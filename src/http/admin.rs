@@ -156,7 +156,7 @@ pub(super) async fn status(State(ctx): State<Arc<Context>>) -> Json<StatusView> 
     tag = "admin",
     params(("role" = String, Path, description = "payment, fulfillment, receipt (the consumer of that kind), router, relay or sweeper")),
     responses(
-        (status = 200, description = "Paused: a consumer or the router settles what it holds and leaves the rest in its queue; the relay and the sweeper skip their rounds. The sweeper also leaves a paused consumer's kind alone", body = PauseView),
+        (status = 200, description = "Paused: a consumer or the router settles what it holds and leaves the rest in its queue; the relay and the sweeper skip their rounds. The sweeper also leaves a paused consumer's kind alone. Answered once the role's transactions under way have ended: from then on none of its changes starts until it is resumed", body = PauseView),
         (status = 400, description = "No such role", body = ErrorBody),
         (status = 409, description = "The role does not run on this instance", body = ErrorBody)
     )
@@ -165,7 +165,7 @@ pub(super) async fn pause(
     State(ctx): State<Arc<Context>>,
     Path(role): Path<String>,
 ) -> Result<Json<PauseView>, ApiError> {
-    set_paused(&ctx, &role, true)
+    set_paused(&ctx, &role, true).await
 }
 
 #[utoipa::path(
@@ -183,10 +183,10 @@ pub(super) async fn resume(
     State(ctx): State<Arc<Context>>,
     Path(role): Path<String>,
 ) -> Result<Json<PauseView>, ApiError> {
-    set_paused(&ctx, &role, false)
+    set_paused(&ctx, &role, false).await
 }
 
-fn set_paused(ctx: &Context, role: &str, paused: bool) -> Result<Json<PauseView>, ApiError> {
+async fn set_paused(ctx: &Context, role: &str, paused: bool) -> Result<Json<PauseView>, ApiError> {
     let role: Pausable = role.parse().map_err(ApiError::bad_request)?;
     if let Some(key) = disabled(ctx, role) {
         return Err(ApiError::new(
@@ -194,7 +194,13 @@ fn set_paused(ctx: &Context, role: &str, paused: bool) -> Result<Json<PauseView>
             format!("the {role} does not run on this instance ({key} = false)"),
         ));
     }
-    let changed = ctx.pauses.set(role, paused);
+    // A pause answers only once the role's transactions under way have
+    // committed: an operator can trust that nothing changes after the 200.
+    let changed = if paused {
+        ctx.pauses.pause(role).await
+    } else {
+        ctx.pauses.set(role, false)
+    };
     match (changed, paused) {
         (true, true) => ctx.events.role_paused(role),
         (true, false) => ctx.events.role_resumed(role),

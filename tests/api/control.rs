@@ -420,3 +420,215 @@ async fn pausing_needs_an_admin_token_and_a_real_role() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no answer from http://127.0.0.1:9"));
 }
+
+/// The database's clock in epoch milliseconds: now, and as an SQL expression
+/// that reads it when a statement runs (not when its transaction began).
+fn db_clock_ms(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+        _ => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+    }
+}
+
+/// Records, by the database's own clock, when each cancellation's audit row
+/// was written (`cancel_clock`): independent of the stamps the service
+/// computes before its transaction, so a transaction that runs after a pause
+/// answered cannot hide behind an earlier stamp.
+async fn clock_cancellations(app: &TestApp, backend: Backend) {
+    let clock = db_clock_ms(backend);
+    let statements = match backend {
+        Backend::Sqlite => vec![format!(
+            "CREATE TRIGGER cancel_clock AFTER INSERT ON order_events \
+             WHEN NEW.event = 'cancelled' \
+             BEGIN INSERT INTO cancel_clock VALUES (NEW.order_id, {clock}); END"
+        )],
+        _ => vec![
+            format!(
+                "CREATE FUNCTION cancel_clock() RETURNS trigger AS $$ BEGIN \
+                 INSERT INTO cancel_clock VALUES (NEW.order_id, {clock}); RETURN NEW; \
+                 END $$ LANGUAGE plpgsql"
+            ),
+            "CREATE TRIGGER cancel_clock AFTER INSERT ON order_events FOR EACH ROW \
+             WHEN (NEW.event = 'cancelled') EXECUTE FUNCTION cancel_clock()"
+                .to_string(),
+        ],
+    };
+    let db = &app.ctx.db;
+    db.execute_unprepared("CREATE TABLE cancel_clock (order_id BIGINT, at_ms BIGINT)")
+        .await
+        .unwrap();
+    for sql in statements {
+        db.execute_unprepared(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+/// Pauses `role` through the API; once it answered 200, the host's clock
+/// and the database's, in epoch milliseconds.
+async fn pause_now(app: &TestApp, backend: Backend, role: &str) -> (i64, i64) {
+    let resp = app
+        .http
+        .post(format!("{}/admin/pause/{role}", app.base))
+        .send()
+        .await
+        .unwrap();
+    let host = chrono::Utc::now().timestamp_millis();
+    assert_eq!(resp.status().as_u16(), 200, "pause {role}");
+    let db = count(app, &format!("SELECT {}", db_clock_ms(backend))).await;
+    (host, db)
+}
+
+async fn resume_now(app: &TestApp, role: &str) {
+    let resp = app
+        .http
+        .post(format!("{}/admin/resume/{role}", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "resume {role}");
+}
+
+/// What a pause that answered at `(host, db)` (see [`pause_now`]) left: the
+/// orders cancelled before it and those still pending. Neither may be zero,
+/// or the pause came outside the burst and shows nothing. Then, while it
+/// lasts, nothing changes: no cancellation, no audit row written after the
+/// answer by the database's clock, no stamp after it by the service's.
+async fn nothing_changes_after(app: &TestApp, (host, db): (i64, i64), what: &str) -> (i64, i64) {
+    let cancelled = statuses(app, "cancelled").await;
+    let pending = statuses(app, "pending_payment").await;
+    assert!(
+        cancelled > 0 && pending > 0,
+        "{what}: the pause came mid-burst ({cancelled} cancelled, {pending} pending)"
+    );
+    // Longer than a catch-up round of four pages or a sweep of many takes.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let written_after = count(
+        app,
+        &format!("SELECT COUNT(*) FROM cancel_clock WHERE at_ms > {db}"),
+    )
+    .await;
+    let stamped_after = count(
+        app,
+        &format!(
+            "SELECT (SELECT COUNT(*) FROM orders WHERE cancelled_at_ms > {host}) \
+             + (SELECT COUNT(*) FROM order_events WHERE event = 'cancelled' AND at_ms > {host})"
+        ),
+    )
+    .await;
+    let changed = statuses(app, "cancelled").await - cancelled;
+    assert_eq!(
+        (changed, written_after, stamped_after),
+        (0, 0, 0),
+        "{what}: orders cancelled, audit rows written (database's clock) and stamps after the pause answered"
+    );
+    (cancelled, pending)
+}
+
+/// Issue 25: a pause is a barrier. A burst of 3,000 due payment timeouts
+/// is being applied (deliveries and catch-ups, pages of 500) when `pause
+/// payment` answers: from that moment no order is cancelled until resumed.
+/// Then every order is cancelled once, none early, the stock back.
+async fn pause_payment_mid_burst_stops_every_change(backend: Backend, mode: DelayMode) {
+    const N: usize = 3_000;
+    let app = spawn_app(Spawn::new(backend, mode)).await;
+    clock_cancellations(&app, backend).await;
+    app.put_stock("B", N as i64).await;
+    // The burst is gathered in the paused queue, then let go at once.
+    ctl_ok(&app, &["pause", "payment"]);
+    let placed = Instant::now();
+    let ids = place(&app, "B", N, "1s").await;
+    assert_eq!(ids.len(), N);
+    let placing = placed.elapsed();
+    let work = app.names.work(order_timeout::domain::TimeoutKind::Payment);
+    wait_until(
+        Duration::from_secs(60),
+        "every due timeout waiting in the paused payment queue",
+        || async { (app.queue_depth(&work).await as usize == N).then_some(()) },
+    )
+    .await;
+    resume_now(&app, "payment").await;
+    wait_until(
+        Duration::from_secs(30),
+        "the first cancellations of the burst",
+        || async { (statuses(&app, "cancelled").await > 0).then_some(()) },
+    )
+    .await;
+    let answered = pause_now(&app, backend, "payment").await;
+    let (before, pending) = nothing_changes_after(&app, answered, "pause payment").await;
+
+    let resumed = Instant::now();
+    resume_now(&app, "payment").await;
+    wait_until(
+        Duration::from_secs(60),
+        "every order cancelled after the resume",
+        || async { (statuses(&app, "cancelled").await == N as i64).then_some(()) },
+    )
+    .await;
+    let rest = resumed.elapsed();
+    all_cancelled_once_none_early(&app, N as i64, "B", N as i64).await;
+    let _ = writeln_stderr(&format!(
+        "pause payment mid-burst ({backend:?}, {}): {N} placed in {placing:?}; {before} cancelled before the pause, {pending} pending when it answered, 0 changed after it; the rest cancelled {rest:?} after the resume",
+        mode.as_str()
+    ));
+}
+each_mode!(pause_payment_mid_burst_stops_every_change);
+
+/// The same barrier for the sweeper, alone in closing orders (no relay
+/// publishes their timers) and sweeping pages of 50: `pause sweeper`
+/// mid-sweep stops it before its next page; resumed, `pause payment`
+/// mid-sweep stops its work on payment orders the same way. Resumed, every
+/// order is cancelled once, none early.
+async fn pause_mid_sweep_stops_every_change(backend: Backend, mode: DelayMode) {
+    const N: usize = 2_000;
+    let app = spawn_app(
+        Spawn::new(backend, mode)
+            .env("ORDER_TIMEOUT__RELAY__ENABLED", "false")
+            .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
+            .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "200ms")
+            .env("ORDER_TIMEOUT__SWEEPER__GRACE", "0s")
+            .env("ORDER_TIMEOUT__SWEEPER__BATCH_SIZE", "50"),
+    )
+    .await;
+    clock_cancellations(&app, backend).await;
+    app.put_stock("W", N as i64).await;
+    ctl_ok(&app, &["pause", "sweeper"]);
+    let ids = place(&app, "W", N, "300ms").await;
+    assert_eq!(ids.len(), N);
+    // Every deadline passed (the last was 300 ms after placing ended).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    resume_now(&app, "sweeper").await;
+    wait_until(
+        Duration::from_secs(10),
+        "the sweep's first pages",
+        || async { (statuses(&app, "cancelled").await > 0).then_some(()) },
+    )
+    .await;
+    let answered = pause_now(&app, backend, "sweeper").await;
+    let (swept, pending) = nothing_changes_after(&app, answered, "pause sweeper").await;
+
+    resume_now(&app, "sweeper").await;
+    wait_until(
+        Duration::from_secs(10),
+        "the sweep going on after the resume",
+        || async { (statuses(&app, "cancelled").await > swept).then_some(()) },
+    )
+    .await;
+    let answered = pause_now(&app, backend, "payment").await;
+    let (by_payment, left) = nothing_changes_after(&app, answered, "pause payment").await;
+
+    resume_now(&app, "payment").await;
+    wait_until(
+        Duration::from_secs(30),
+        "every order swept after the resume",
+        || async { (statuses(&app, "cancelled").await == N as i64).then_some(()) },
+    )
+    .await;
+    all_cancelled_once_none_early(&app, N as i64, "W", N as i64).await;
+    let _ = writeln_stderr(&format!(
+        "pause mid-sweep ({backend:?}, {}): {N} orders; pause sweeper after {swept} swept ({pending} pending), pause payment after {by_payment} ({left} pending), 0 changed after either",
+        mode.as_str()
+    ));
+}
+each_mode!(pause_mid_sweep_stops_every_change);
