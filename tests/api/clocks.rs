@@ -173,7 +173,7 @@ async fn skew(api: &Api) -> Option<f64> {
 /// A `serve` child on the app's settings whose host clock is [`AHEAD_S`]
 /// ahead; it relays and sweeps in any case, and consumes like the app.
 async fn fast_instance(app: &TestApp) -> (Process, Api) {
-    let mut child = Serve::new(BIN)
+    let serve = Serve::new(BIN)
         .envs(app.env.clone())
         .env("ORDER_TIMEOUT__DATABASE__MIGRATE_ON_START", "false")
         .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
@@ -181,14 +181,8 @@ async fn fast_instance(app: &TestApp) -> (Process, Api) {
         .env("LD_PRELOAD", LIBFAKETIME)
         .env("FAKETIME", format!("+{AHEAD_S}s"))
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .instance(format!("fast-{}", app.vhost))
-        .start()
-        .expect("serve starts");
-    child
-        .wait_ready(&app.http, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let api = Api::new(app.http.clone(), child.base());
+        .instance(format!("fast-{}", app.vhost));
+    let (child, api) = start_ready(app, serve).await;
     // The fast clock is in effect in the child: its skew gauge says so
     // before any order is placed.
     wait_until(Duration::from_secs(15), "the fast clock seen", || async {

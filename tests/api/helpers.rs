@@ -17,6 +17,7 @@ use order_timeout::amqp::wire;
 use order_timeout::app::Application;
 use order_timeout::context::Context;
 use order_timeout::settings::{Settings, SettingsSource};
+use order_timeout_harness::{Process, Serve};
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -1103,6 +1104,18 @@ pub async fn refusing_trigger(
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
+}
+
+/// Starts a `serve` child beside `app` and waits until it is ready (a
+/// minute at most); returns it with its API, called with `app`'s token.
+pub async fn start_ready(app: &TestApp, serve: Serve) -> (Process, Api) {
+    let mut child = serve.start().expect("serve starts");
+    child
+        .wait_ready(&app.http, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let api = Api::new(app.http.clone(), child.base());
+    (child, api)
 }
 
 /// A file of this repository (the README, the shipped examples and definitions).

@@ -68,18 +68,11 @@ async fn applied(api: &Api) -> f64 {
 /// Starts a `serve` child on the app's settings (its admin token included),
 /// and waits until it is ready.
 async fn serve(app: &TestApp, name: &str) -> (Process, Api) {
-    let mut child = Serve::new(BIN)
+    let serve = Serve::new(BIN)
         .envs(app.env.clone())
         .env("ORDER_TIMEOUT__DATABASE__MIGRATE_ON_START", "false")
-        .instance(name)
-        .start()
-        .expect("serve starts");
-    child
-        .wait_ready(&app.http, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let api = Api::new(app.http.clone(), child.base());
-    (child, api)
+        .instance(name);
+    start_ready(app, serve).await
 }
 
 /// Places `n` orders of one unit of A, windows of 0.8 to 2.7 s.

@@ -357,19 +357,13 @@ async fn sighup_reloads_a_running_serve() {
     let mut env = app.env.clone();
     // The file gives these; the environment would win over it.
     env.remove("ORDER_TIMEOUT__LOG__LEVEL");
-    let mut child = Serve::new(BIN)
+    let serve = Serve::new(BIN)
         .envs(env)
         .env("ORDER_TIMEOUT__DATABASE__MIGRATE_ON_START", "false")
         .config(file.path())
         .instance("hup")
-        .log(&log)
-        .start()
-        .expect("serve starts");
-    child
-        .wait_ready(&app.http, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let api = Api::new(app.http.clone(), child.base());
+        .log(&log);
+    let (mut child, api) = start_ready(&app, serve).await;
     let before = place_default(&api).await;
 
     file.write(&phase_file(
