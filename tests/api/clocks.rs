@@ -33,7 +33,7 @@ async fn a_fast_instance_consuming_beside_a_true_one_is_never_early() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_instance_alone_running_the_sweeper_and_the_relay_is_never_early() {
-    two_clocks(Roles::FastRelaysAndSweeps, 300).await;
+    two_clocks(Roles::FastRelaysAndSweeps, 500).await;
 }
 
 /// Which instance runs the relay and the sweeper (both consume).
