@@ -57,6 +57,8 @@ test: services examples-deps tools lint
 	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --workspace -- --test-threads=$(TEST_THREADS),$(FORGET_DELAYED))
 	@# These restart the broker application: alone, after everything else.
 	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 broker_restart,$(FORGET_DELAYED))
+	@# These set MariaDB's server-wide default time zone: alone too.
+	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 server_zone,$(FORGET_DELAYED))
 	bash scripts/readme-example.sh ttl plugin
 	$(MAKE) test-dist
 

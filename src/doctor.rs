@@ -143,8 +143,25 @@ async fn check_clock(report: &mut Report, conn: &DatabaseConnection) {
     }
 }
 
+/// `ms` either way, to a tenth of a second below a minute, else in whole seconds (`8h 0m 3s`).
+fn span(ms: i64) -> String {
+    let ms = ms.unsigned_abs();
+    if ms < 60_000 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else {
+        humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
+    }
+}
+
+/// A newest row this far after the database's now means its zone is wrong:
+/// more than clock steps and a slow write could explain.
+const FUTURE_TOLERANCE_MS: i64 = 60_000;
+
 /// The shop's table as the mapping describes it: what was found for each
-/// setting, and how many orders wait for each mapped timeout. Read-only.
+/// setting, the zone its times are read in, and how many orders wait for
+/// each mapped timeout. Read-only. Fails when the zone cannot be determined
+/// (the mapping does not load) or the newest order lies in the future by that
+/// zone (it is not the zone the shop writes in).
 async fn check_mapping(report: &mut Report, settings: &Settings, conn: &DatabaseConnection) {
     let mapped = match Mapped::load(&settings.mapping, &settings.windows, conn).await {
         Ok(mapped) => mapped,
@@ -161,6 +178,43 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
                 mapped.release_statements()
             ),
         );
+    }
+    // The zone and where it came from are among the findings above.
+    let zone = &mapped.zone;
+    for kind in TimeoutKind::ALL {
+        match mapped.newest(conn, kind).await {
+            Ok(Some(newest)) => match (&newest.value, newest.ahead_ms) {
+                (Some(value), Some(ahead)) if ahead > FUTURE_TOLERANCE_MS => report.fail(
+                    "time zone",
+                    format!(
+                        "{kind}: the newest {} ({value}) is {} after the database's now ({}) in {}: the shop writes in another zone; set mapping.time_zone",
+                        newest.column,
+                        span(ahead),
+                        newest.now,
+                        zone.used
+                    ),
+                ),
+                (Some(value), Some(ahead)) => report.ok(
+                    "time zone",
+                    format!(
+                        "{kind}: the newest {} ({value}) is {} before the database's now ({}) in {}",
+                        newest.column,
+                        span(ahead),
+                        newest.now,
+                        zone.used
+                    ),
+                ),
+                _ => report.ok(
+                    "time zone",
+                    format!(
+                        "{kind}: no {} yet to compare with the database's now ({})",
+                        newest.column, newest.now
+                    ),
+                ),
+            },
+            Ok(None) => {}
+            Err(e) => report.fail("time zone", format!("{kind}: {e}")),
+        }
     }
     for kind in TimeoutKind::ALL {
         // The on-call gauges' reading, with no threshold: past the deadline now.

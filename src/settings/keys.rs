@@ -699,6 +699,20 @@ const MAPPING: &[Key] = &[
         stamp_column,
         false
     ),
+    Key {
+        name: "mapping.time_zone",
+        doc: "Zone the shop writes zone-less times in: IANA name or +HH:MM; empty: the server's default.",
+        default: "",
+        read: |k, v, s| set(&mut s.mapping.time_zone, parse_time_zone(k, v)),
+        show: |s| {
+            s.mapping
+                .time_zone
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        },
+        secret: None,
+    },
     status_key!(
         "mapping.payment.from",
         "Status of an unpaid order, which the payment timeout acts on (required when mapped).",
@@ -918,6 +932,7 @@ impl Settings {
                 id_column: String::new(),
                 status_column: String::new(),
                 stamp_column: String::new(),
+                time_zone: Some(Zone::Named(String::new())),
                 payment: KindMapping::default(),
                 fulfillment: KindMapping::default(),
                 receipt: KindMapping::default(),

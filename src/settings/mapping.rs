@@ -104,6 +104,10 @@ pub struct MappingSettings {
     pub status_column: String,
     /// Optionally, a time column set to the database's clock by every transition.
     pub stamp_column: String,
+    /// The zone the shop writes its zone-less time columns in (`datetime`,
+    /// `timestamp without time zone`); `None`: the database server's default,
+    /// which is what the shop's own sessions get when they set nothing.
+    pub time_zone: Option<Zone>,
     /// The payment timeout: cancels unpaid orders.
     pub payment: KindMapping,
     /// The fulfillment timeout: flags paid orders not shipped in time.
@@ -127,6 +131,93 @@ impl MappingSettings {
             Receipt => &self.receipt,
         }
     }
+}
+
+/// A time zone as `mapping.time_zone` (or a database server) spells it.
+/// Its text is limited to what can sit in an SQL string literal as it is:
+/// the statements splice it, quoted, since a zone cannot be bound there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Zone {
+    /// A fixed offset from UTC in minutes, east positive (`+08:00`, `-05:00`),
+    /// as MySQL and ISO 8601 read it. PostgreSQL reads the same text the
+    /// POSIX way (west positive), so its statements spell it as an interval.
+    Offset(i32),
+    /// A name the database resolves: an IANA name (`Asia/Shanghai`), or
+    /// MySQL's `SYSTEM`.
+    Named(String),
+}
+
+impl Zone {
+    /// Reads `+HH:MM`/`-HH:MM` (at most 14:00 either way) or a name of
+    /// letters, digits and `_ / + - :`, starting with a letter, at most 64
+    /// bytes. Whether the database knows the name is checked when the
+    /// mapping is loaded.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let b = text.as_bytes();
+        if let [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] = b {
+            let digits = [h1, h2, m1, m2];
+            if digits.iter().all(|d| d.is_ascii_digit()) {
+                let n = |hi: &u8, lo: &u8| i32::from(hi - b'0') * 10 + i32::from(lo - b'0');
+                let (hours, minutes) = (n(h1, h2), n(m1, m2));
+                if hours > 14 || minutes > 59 || (hours == 14 && minutes > 0) {
+                    return Err(format!(
+                        "'{text}' is not an offset between -14:00 and +14:00"
+                    ));
+                }
+                let east = hours * 60 + minutes;
+                return Ok(Self::Offset(if *sign == b'-' { -east } else { east }));
+            }
+        }
+        if !text.starts_with(|c: char| c.is_ascii_alphabetic()) || !Self::literal_safe(text) {
+            return Err(format!(
+                "'{}' is not a time zone: an IANA name like Asia/Shanghai, or an offset like +08:00 or -05:00",
+                crate::domain::truncate(text, 80)
+            ));
+        }
+        Ok(Self::Named(text.to_string()))
+    }
+
+    /// A zone as the database server spells its own default, kept as text
+    /// for the server to read as its sessions read it: PostgreSQL reads
+    /// `-05:00` POSIX-style (five hours *east*), MySQL ISO-style.
+    pub fn verbatim(text: &str) -> Result<Self, String> {
+        if !Self::literal_safe(text) {
+            return Err(format!(
+                "'{}' cannot be used as it is (expected letters, digits and _ / + - :)",
+                crate::domain::truncate(text, 80)
+            ));
+        }
+        Ok(Self::Named(text.to_string()))
+    }
+
+    /// Text that can sit between single quotes in SQL as it is.
+    fn literal_safe(text: &str) -> bool {
+        !text.is_empty()
+            && text.len() <= 64
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_/+-:".contains(c))
+    }
+}
+
+impl fmt::Display for Zone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Offset(m) => {
+                let sign = if *m < 0 { '-' } else { '+' };
+                write!(f, "{sign}{:02}:{:02}", m.abs() / 60, m.abs() % 60)
+            }
+            Self::Named(name) => f.write_str(name),
+        }
+    }
+}
+
+/// `mapping.time_zone`: empty is the server's default.
+pub(super) fn parse_time_zone(key: &str, value: &str) -> Result<Option<Zone>, SettingsError> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    Zone::parse(value).map(Some).map_err(|e| invalid(key, e))
 }
 
 /// Longest identifier part: MySQL's limit (PostgreSQL's is 63).

@@ -117,8 +117,8 @@ use connections::{
 pub use file::{REGENERATE, defaults_file};
 use keys::{SECTIONS, keys};
 pub use live::{Change, LIVE_KEYS, changes, is_live};
-pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping};
-use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status};
+pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping, Zone};
+use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status, parse_time_zone};
 pub use parse::{MIN_TOKEN_LEN, parse_duration, parse_tokens, parse_window};
 use parse::{non_empty, parse_bind, parse_bool, parse_choice, parse_log_level, parse_range};
 pub use secret::{REDACTED, Secret, redact_url};

@@ -585,6 +585,7 @@ fn every_mapping_key_reaches_its_own_field() {
     ];
     let a = [
         ("ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN", "p_since"),
+        ("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "America/Bogota"),
         ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__TO", "f_to"),
         (
             "ORDER_TIMEOUT__MAPPING__FULFILLMENT__DEADLINE_COLUMN",
@@ -696,6 +697,17 @@ fn a_mapping_that_cannot_work_names_its_key() {
             &[("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order; DROP TABLE x")],
             "mapping.table",
             "not a table name",
+        ),
+        // Spliced into statements as a quoted literal: nothing that could end it.
+        (
+            &[("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "UTC' OR '1'='1")],
+            "mapping.time_zone",
+            "not a time zone",
+        ),
+        (
+            &[("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "+15:00")],
+            "mapping.time_zone",
+            "between -14:00 and +14:00",
         ),
         (
             &[("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "a.b")],
@@ -1029,4 +1041,39 @@ fn a_mapped_table_keeps_its_windows_until_a_restart() {
     let applied = running.with_live(&new);
     assert_eq!(applied.windows.payment, running.windows.payment);
     assert_eq!(applied.sweeper.interval, new.sweeper.interval);
+}
+
+/// `mapping.time_zone`: offsets east positive, as MySQL and ISO 8601 write
+/// them, shown as written; names kept as they are.
+#[test]
+fn time_zones_are_read_by_shape() {
+    assert_eq!(Zone::parse("-05:00"), Ok(Zone::Offset(-300)));
+    assert_eq!(Zone::parse("+08:00"), Ok(Zone::Offset(480)));
+    assert_eq!(
+        Zone::parse("+05:30").map(|z| z.to_string()),
+        Ok("+05:30".into())
+    );
+    assert_eq!(
+        Zone::parse("-00:30").map(|z| z.to_string()),
+        Ok("-00:30".into())
+    );
+    assert_eq!(
+        Zone::parse("America/Argentina/Buenos_Aires"),
+        Ok(Zone::Named("America/Argentina/Buenos_Aires".into()))
+    );
+    assert_eq!(Zone::parse("SYSTEM"), Ok(Zone::Named("SYSTEM".into())));
+    // A server's own spelling stays text: PostgreSQL reads this one as UTC+5.
+    assert_eq!(Zone::verbatim("-05:00"), Ok(Zone::Named("-05:00".into())));
+    assert!(Zone::verbatim("<-03>3").is_err());
+    for bad in [
+        "",
+        "+5:00",
+        "05:00",
+        "Asia/Shang hai",
+        "a'b",
+        "-14:30",
+        "x".repeat(65).as_str(),
+    ] {
+        assert!(Zone::parse(bad).is_err(), "{bad}");
+    }
 }

@@ -74,3 +74,4 @@ mod settings; // the binary's contracts: settings, doctor, demo
 mod stages; // the two delay stages on the real plugin and TTL queues
 mod tls; // amqps:// end to end
 mod topology; // definitions, quorum queues, rabbitmq.conf
+mod zones; // a mapped shop's time zone, and deadlines stored in whole seconds

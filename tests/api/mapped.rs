@@ -27,18 +27,44 @@ use crate::helpers::*;
 const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
 
 /// The shop's side: its own connection to its own database.
-struct Shop {
-    db: DatabaseConnection,
+pub(crate) struct Shop {
+    pub(crate) db: DatabaseConnection,
     backend: Backend,
+    /// Whether its clock is written to the millisecond (`NOW(3)`), else whole seconds.
+    precise: bool,
 }
 
 impl Shop {
-    async fn open(app: &TestApp, backend: Backend) -> Self {
+    pub(crate) async fn open(app: &TestApp, backend: Backend) -> Self {
         let url = &app.env["ORDER_TIMEOUT__DATABASE__URL"];
         let db = Database::connect(url.as_str())
             .await
             .expect("shop database");
-        Self { db, backend }
+        Self {
+            db,
+            backend,
+            precise: false,
+        }
+    }
+
+    /// The shop's own session, on one connection, after `session` (its
+    /// `SET TIME ZONE …`): its `NOW()` is its local time, to the millisecond.
+    pub(crate) async fn open_session(app: &TestApp, backend: Backend, session: &str) -> Self {
+        let url = &app.env["ORDER_TIMEOUT__DATABASE__URL"];
+        let mut options = sea_orm::ConnectOptions::new(url.as_str());
+        options
+            .max_connections(1)
+            .min_connections(1)
+            .sqlx_logging(false);
+        let db = Database::connect(options).await.expect("shop database");
+        db.execute_unprepared(session)
+            .await
+            .unwrap_or_else(|e| panic!("{session}: {e}"));
+        Self {
+            db,
+            backend,
+            precise: true,
+        }
     }
 
     /// A statement written with `?`, numbered for PostgreSQL.
@@ -61,12 +87,17 @@ impl Shop {
         }
     }
 
-    async fn exec(&self, sql: &str, values: Vec<Value>) -> u64 {
+    pub(crate) async fn exec(&self, sql: &str, values: Vec<Value>) -> u64 {
         self.exec_on(&self.db, sql, values).await
     }
 
     /// The same, in a transaction of the shop's.
-    async fn exec_on<C: ConnectionTrait>(&self, on: &C, sql: &str, values: Vec<Value>) -> u64 {
+    pub(crate) async fn exec_on<C: ConnectionTrait>(
+        &self,
+        on: &C,
+        sql: &str,
+        values: Vec<Value>,
+    ) -> u64 {
         on.execute_raw(self.statement(sql, values))
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -74,7 +105,7 @@ impl Shop {
     }
 
     /// Every row of a query, each column read as text and joined by `|`.
-    async fn rows(&self, sql: &str, values: Vec<Value>) -> Vec<String> {
+    pub(crate) async fn rows(&self, sql: &str, values: Vec<Value>) -> Vec<String> {
         let rows = self
             .db
             .query_all_raw(self.statement(sql, values))
@@ -91,23 +122,25 @@ impl Shop {
             .collect()
     }
 
-    async fn one(&self, sql: &str, values: Vec<Value>) -> String {
+    pub(crate) async fn one(&self, sql: &str, values: Vec<Value>) -> String {
         let rows = self.rows(sql, values).await;
         assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
         rows[0].clone()
     }
 
-    fn text(&self, column: &str) -> String {
+    pub(crate) fn text(&self, column: &str) -> String {
         match self.backend {
             Backend::Postgres => format!("CAST({column} AS TEXT)"),
             _ => format!("CAST({column} AS CHAR)"),
         }
     }
 
-    fn now(&self) -> &'static str {
-        match self.backend {
-            Backend::Postgres => "LOCALTIMESTAMP(0)",
-            _ => "NOW()",
+    pub(crate) fn now(&self) -> &'static str {
+        match (self.backend, self.precise) {
+            (Backend::Postgres, false) => "LOCALTIMESTAMP(0)",
+            (Backend::Postgres, true) => "LOCALTIMESTAMP(3)",
+            (_, false) => "NOW()",
+            (_, true) => "NOW(3)",
         }
     }
 
@@ -236,14 +269,14 @@ pub(crate) fn mall_mapping(spawn: Spawn, text_ids: bool) -> Spawn {
 }
 
 /// The mall's side of an order.
-struct Mall<'a> {
-    shop: &'a Shop,
-    text_ids: bool,
+pub(crate) struct Mall<'a> {
+    pub(crate) shop: &'a Shop,
+    pub(crate) text_ids: bool,
 }
 
 impl Mall<'_> {
     /// The id the wire carries for order `n`.
-    fn key(&self, n: i64) -> String {
+    pub(crate) fn key(&self, n: i64) -> String {
         if self.text_ids {
             format!("2026120101{n:06}")
         } else {
@@ -268,13 +301,13 @@ impl Mall<'_> {
     }
 
     /// What order `n` holds: `(sku, quantity)`.
-    fn items(n: i64) -> Vec<(i64, i32)> {
+    pub(crate) fn items(n: i64) -> Vec<(i64, i32)> {
         vec![(n % 3 + 1, n as i32), ((n + 1) % 3 + 1, 1)]
     }
 
     /// The mall's checkout: the order, its items and `lock_stock`, in one
     /// transaction, `create_time` by the database's clock.
-    async fn checkout(&self, n: i64) {
+    pub(crate) async fn checkout(&self, n: i64) {
         let s = self.shop;
         let txn = s.db.begin().await.unwrap();
         s.exec_on(
@@ -312,7 +345,7 @@ impl Mall<'_> {
     }
 
     /// The mall's payment: 0 → 1 only if still unpaid; stock sold. Whether it won.
-    async fn pay(&self, n: i64) -> bool {
+    pub(crate) async fn pay(&self, n: i64) -> bool {
         let s = self.shop;
         let txn = s.db.begin().await.unwrap();
         let won = s
@@ -356,7 +389,7 @@ impl Mall<'_> {
         assert_eq!(shipped, 1);
     }
 
-    async fn status(&self, n: i64) -> String {
+    pub(crate) async fn status(&self, n: i64) -> String {
         let s = self.shop;
         s.one(
             &format!(
@@ -374,7 +407,7 @@ impl Mall<'_> {
         .to_string()
     }
 
-    async fn wait_status(&self, n: i64, status: &str, within: Duration) {
+    pub(crate) async fn wait_status(&self, n: i64, status: &str, within: Duration) {
         let what = format!("order {n} to reach status {status}");
         wait_until(within, &what, || async {
             (self.status(n).await == status).then_some(())
@@ -383,7 +416,7 @@ impl Mall<'_> {
     }
 
     /// `stock|lock_stock` per SKU.
-    async fn stock(&self) -> BTreeMap<i64, (i64, i64)> {
+    pub(crate) async fn stock(&self) -> BTreeMap<i64, (i64, i64)> {
         let rows = self
             .shop
             .rows(
@@ -971,7 +1004,8 @@ async fn refuses_a_mapping_that_does_not_match() {
     assert!(ok, "{report}");
     for line in [
         "orders table oms_order: id id (bigint), status status (smallint)",
-        "payment: status 0 → 4 when create_time + windows.payment (3s) has passed",
+        "payment: status 0 → 4 when create_time + windows.payment (3s) has passed (create_time holds whole seconds: read as 1 s later)",
+        "time zone of datetime / timestamp-without-zone columns: ",
         "fulfillment: not mapped",
         "stock: oms_order_item.product_quantity per oms_order_item.order_id given back from pms_sku_stock.lock_stock",
         "payment: 0 waiting, 0 of them past the deadline now",

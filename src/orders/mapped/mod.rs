@@ -5,9 +5,16 @@
 //! status = <from> AND <deadline> <= <the database's now>`, whose row count is
 //! the answer; stock is given back in the same transaction, only for the
 //! orders that changed; the transaction commits before the delivery is acked.
-//! Deadlines are compared with the database's own clock, in the time zone
-//! convention of the deadline column (see [`sql::Dialect::now`]), so a shop
-//! that writes `create_time = NOW()` is read as it writes.
+//! Deadlines are compared with the database's own clock. A zone-less column
+//! (`datetime`, `timestamp without time zone`) is read in the zone the shop
+//! writes it in: `mapping.time_zone`, or else the database server's default,
+//! which is what the shop's own sessions get when they set nothing. The
+//! service's sessions are pinned to UTC by sqlx, so their `NOW()` is not the
+//! shop's: the statements convert the database's instant to that zone
+//! explicitly (see [`sql::Clock::now`]), and `stamp_column` is written in it
+//! too. A deadline stored coarser than milliseconds is rounded towards later
+//! (see [`sql::deadline`]), so that no order is closed early by the
+//! column's truncation or rounding.
 //!
 //! The service never creates or alters the shop's tables; what it writes of
 //! its own (audit, events) goes to its `order_timeout_*` tables.
@@ -26,12 +33,16 @@ use sea_orm::{
 use crate::db::store::{Backlog, Cause, ExpiryOutcome, LIST_CHUNK};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 pub use schema::MappingError;
-use sql::{Dialect, Sql, Ty};
+use sql::{Clock, Dialect, Sql, Ty};
 
 /// A mapping checked against the database, with its statements' pieces.
 #[derive(Debug)]
 pub struct Mapped {
     dialect: Dialect,
+    /// The database's clock in the shop's zone.
+    clock: Clock,
+    /// Where the zone came from, for `doctor`.
+    pub zone: ZoneFound,
     /// The orders table, quoted.
     table: String,
     /// Its id column, quoted, and what it holds.
@@ -51,6 +62,57 @@ pub struct Mapped {
     pub findings: Vec<String>,
 }
 
+/// The zone of the shop's zone-less columns, and where it came from.
+#[derive(Debug, Clone)]
+pub struct ZoneFound {
+    /// The zone the statements use.
+    pub used: crate::settings::Zone,
+    /// Whether `mapping.time_zone` set it (else it is the server's default).
+    pub from_setting: bool,
+    /// The server's default zone as it spells it, or why it could not be read.
+    pub server: Result<String, String>,
+    /// Whether any column the mapping compares or writes has no zone.
+    pub needed: bool,
+}
+
+impl ZoneFound {
+    /// One line for `doctor`.
+    pub fn describe(&self) -> String {
+        let server = match &self.server {
+            Ok(zone) => zone.clone(),
+            Err(e) => format!("unknown ({e})"),
+        };
+        if !self.needed && !self.from_setting && self.server.is_err() {
+            return format!(
+                "time zone: none needed (every time column mapped has its own); the server's default: {server}"
+            );
+        }
+        let from = if self.from_setting {
+            "mapping.time_zone"
+        } else {
+            "the server's default"
+        };
+        format!(
+            "time zone of datetime / timestamp-without-zone columns: {} ({from}); the server's default: {server}",
+            self.used
+        )
+    }
+}
+
+/// The newest start of a kind's window in the shop's table, against the
+/// database's now in the shop's zone (see [`Mapped::newest`]).
+#[derive(Debug, Clone)]
+pub struct Newest {
+    /// The `since_column`.
+    pub column: String,
+    /// Its newest value, as the database spells it; `None` for an empty table.
+    pub value: Option<String>,
+    /// The database's now, in the column's convention.
+    pub now: String,
+    /// How far the newest value lies after now, in milliseconds (negative: before).
+    pub ahead_ms: Option<i64>,
+}
+
 /// One kind's transition.
 #[derive(Debug)]
 struct KindSql {
@@ -63,6 +125,8 @@ struct KindSql {
     /// compared with.
     deadline: String,
     deadline_ty: Ty,
+    /// The `since_column`, quoted and as named, when the deadline is reckoned from one.
+    since: Option<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -243,9 +307,11 @@ impl Mapped {
             return Ok(found);
         }
         let txn = db.begin().await?;
+        // The deadlines are reckoned from the database's clock, like the rest.
+        let now = crate::db::clock::now(&txn).await?;
         for key in keys {
             if let Some(ms) = at.get(key.as_str()) {
-                let outcome = self.outcome(&txn, k, key, true, Millis::now()).await?;
+                let outcome = self.outcome(&txn, k, key, true, now).await?;
                 if matches!(outcome, ExpiryOutcome::Applied { .. }) {
                     found.insert(key.clone(), (Millis(*ms), outcome));
                 }
@@ -298,11 +364,11 @@ impl Mapped {
                 sql.push(&format!("{} = ", self.status)).bind(to.clone());
             }
             Target::Flag(column, ty) => {
-                sql.push(&format!("{column} = {}", self.dialect.now(ty)));
+                sql.push(&format!("{column} = {}", self.clock.now(ty)));
             }
         }
         if let Some((stamp, ty)) = &self.stamp {
-            sql.push(&format!(", {stamp} = {}", self.dialect.now(ty)));
+            sql.push(&format!(", {stamp} = {}", self.clock.now(ty)));
         }
         sql.push(&format!(" WHERE {} = ", self.id))
             .bind(self.key_value(key, &self.id_ty))
@@ -311,7 +377,7 @@ impl Mapped {
             .push(&format!(
                 " AND {} <= {}",
                 k.deadline,
-                self.dialect.now(&k.deadline_ty)
+                self.clock.now(&k.deadline_ty)
             ));
         if let Target::Flag(column, _) = &k.target {
             sql.push(&format!(" AND {column} IS NULL"));
@@ -338,7 +404,7 @@ impl Mapped {
             "SELECT {}, {}, {} FROM {} WHERE {} = ",
             self.dialect.as_text(&self.status),
             self.dialect
-                .millis_until(&k.deadline, self.dialect.now(&k.deadline_ty)),
+                .millis_until(&k.deadline, &self.clock.now(&k.deadline_ty)),
             self.dialect.as_bigint(&flagged),
             self.table,
             self.id
@@ -504,12 +570,12 @@ impl Mapped {
             return Ok(Vec::new());
         };
         let d = self.dialect;
-        let clock = d.now(&k.deadline_ty);
+        let clock = self.clock.now(&k.deadline_ty);
         let mut sql = Sql::new(d);
         sql.push(&format!(
             "SELECT {}, {} FROM {} WHERE {} = ",
             d.as_text(&self.id),
-            d.millis_until(&k.deadline, clock),
+            d.millis_until(&k.deadline, &clock),
             self.table,
             self.status
         ))
@@ -551,7 +617,7 @@ impl Mapped {
             return Ok(None);
         };
         let d = self.dialect;
-        let clock = d.now(&k.deadline_ty);
+        let clock = self.clock.now(&k.deadline_ty);
         let overdue = format!(
             "COUNT(CASE WHEN {} <= {clock} - {} THEN 1 END)",
             k.deadline,
@@ -562,7 +628,7 @@ impl Mapped {
             "SELECT {}, {}, {} FROM {} WHERE {} = ",
             d.as_bigint("COUNT(*)"),
             d.as_bigint(&overdue),
-            d.millis_until(&format!("MIN({})", k.deadline), clock),
+            d.millis_until(&format!("MIN({})", k.deadline), &clock),
             self.table,
             self.status
         ))
@@ -589,6 +655,46 @@ impl Mapped {
                 }
                 _ => Duration::ZERO,
             },
+        }))
+    }
+
+    /// The newest value of `kind`'s `since_column` in the whole table, against
+    /// the database's now in the shop's zone: a row written after now means
+    /// the zone is not the one the shop writes in (`doctor` says so). `None`
+    /// when the kind is not mapped or has a deadline column instead.
+    pub async fn newest(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+    ) -> Result<Option<Newest>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(None);
+        };
+        let Some((since, name)) = &k.since else {
+            return Ok(None);
+        };
+        let d = self.dialect;
+        let now = self.clock.now(&k.deadline_ty);
+        let newest = format!("MAX({since})");
+        let sql = format!(
+            "SELECT {}, {}, {} FROM {}",
+            d.as_text(&newest),
+            d.as_text(&now),
+            d.millis_until(&newest, &now),
+            self.table
+        );
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(d.backend(), sql))
+            .await?
+            .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
+        let value: Option<String> = row.try_get_by_index(0)?;
+        let now: Option<String> = row.try_get_by_index(1)?;
+        let ahead_ms: Option<i64> = row.try_get_by_index(2)?;
+        Ok(Some(Newest {
+            column: name.clone(),
+            value,
+            now: now.unwrap_or_default(),
+            ahead_ms,
         }))
     }
 }

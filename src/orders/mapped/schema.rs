@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait, Value};
 
-use super::sql::{Dialect, Sql, Ty};
-use super::{KindSql, Mapped, StockSql, Target};
+use super::sql::{self, Clock, Dialect, Sql, Ty};
+use super::{KindSql, Mapped, StockSql, Target, ZoneFound};
 use crate::domain::TimeoutKind;
-use crate::settings::{KindMapping, MappingSettings, Windows};
+use crate::settings::{KindMapping, MappingSettings, Windows, Zone};
 
 /// A mapping that does not match the database (or the database could not be
 /// asked): the setting at fault and what was found.
@@ -36,6 +36,8 @@ fn error(key: &str, message: impl Into<String>) -> MappingError {
 struct Columns {
     table: String,
     types: BTreeMap<String, String>,
+    /// The fractional-second digits of each time column.
+    precision: BTreeMap<String, u32>,
 }
 
 impl Columns {
@@ -56,9 +58,10 @@ impl Columns {
         };
         let mut sql = Sql::new(dialect);
         sql.push(&format!(
-            "SELECT {}, {} FROM information_schema.columns WHERE table_schema = COALESCE(",
+            "SELECT {}, {}, {} FROM information_schema.columns WHERE table_schema = COALESCE(",
             dialect.as_text("column_name"),
-            dialect.as_text("data_type")
+            dialect.as_text("data_type"),
+            dialect.as_bigint("datetime_precision")
         ))
         .bind(Value::from(schema))
         .push(&format!(", {current}) AND table_name = "))
@@ -68,6 +71,7 @@ impl Columns {
             .await
             .map_err(|e| error(key, format!("could not read the columns of {table}: {e}")))?;
         let mut types = BTreeMap::new();
+        let mut precision = BTreeMap::new();
         for row in rows {
             let column: String = row
                 .try_get_by_index(0)
@@ -75,6 +79,12 @@ impl Columns {
             let ty: String = row
                 .try_get_by_index(1)
                 .map_err(|e| error(key, e.to_string()))?;
+            let digits: Option<i64> = row
+                .try_get_by_index(2)
+                .map_err(|e| error(key, e.to_string()))?;
+            if let Some(digits) = digits.and_then(|d| u32::try_from(d).ok()) {
+                precision.insert(column.clone(), digits);
+            }
             types.insert(column, ty);
         }
         if types.is_empty() {
@@ -86,6 +96,7 @@ impl Columns {
         Ok(Self {
             table: table.to_string(),
             types,
+            precision,
         })
     }
 
@@ -117,6 +128,147 @@ impl Columns {
             ));
         }
         Ok(ty)
+    }
+}
+
+impl Columns {
+    /// What `doctor` says of a time column coarser than milliseconds.
+    fn rounding(&self, column: &str) -> String {
+        match self.precision.get(column) {
+            Some(0) => format!(" ({column} holds whole seconds: read as 1 s later)"),
+            Some(1) => format!(" ({column} holds tenths of a second: read as 0.1 s later)"),
+            Some(2) => format!(" ({column} holds hundredths of a second: read as 0.01 s later)"),
+            _ => String::new(),
+        }
+    }
+}
+
+/// The zone the shop writes its zone-less columns in: `mapping.time_zone`,
+/// or else the server's default; checked by converting the database's now
+/// into it, so that a zone the database does not know stops start-up instead
+/// of comparing every deadline with NULL.
+async fn shop_zone(
+    db: &DatabaseConnection,
+    dialect: Dialect,
+    m: &MappingSettings,
+) -> Result<ZoneFound, MappingError> {
+    let key = "mapping.time_zone";
+    let server = server_zone(db, dialect).await;
+    let (used, from_setting) = match &m.time_zone {
+        Some(zone) => (zone.clone(), true),
+        None => {
+            let text = server.clone().map_err(|e| {
+                error(
+                    key,
+                    format!("is empty, and the database server's default zone could not be read: {e}; set it to the zone the shop writes its times in"),
+                )
+            })?;
+            let zone = Zone::verbatim(&text).map_err(|e| {
+                error(
+                    key,
+                    format!("is empty, and the database server's default zone {e}; set it to the zone the shop writes its times in"),
+                )
+            })?;
+            (zone, false)
+        }
+    };
+    let whose = if from_setting {
+        format!("'{used}'")
+    } else {
+        format!("is empty, and the server's default zone '{used}'")
+    };
+    let now = Clock::new(dialect, used.clone()).now(&Ty::Time { zoned: false });
+    let probe = format!("SELECT {}", dialect.as_text(&now));
+    let found: Option<String> = match db
+        .query_one_raw(sea_orm::Statement::from_string(dialect.backend(), probe))
+        .await
+    {
+        Ok(Some(row)) => row
+            .try_get_by_index(0)
+            .map_err(|e| error(key, e.to_string()))?,
+        Ok(None) => None,
+        Err(e) => {
+            return Err(error(
+                key,
+                format!("{whose} is not a zone the database knows: {e}"),
+            ));
+        }
+    };
+    if found.is_none() {
+        let hint = match dialect {
+            Dialect::MySql => {
+                " (CONVERT_TZ gives NULL: this server has no time zone tables; load them with mysql_tzinfo_to_sql, or set mapping.time_zone to the offset, like +08:00)"
+            }
+            Dialect::Postgres => "",
+        };
+        return Err(error(
+            key,
+            format!("{whose} is not a zone the database knows{hint}"),
+        ));
+    }
+    Ok(ZoneFound {
+        used,
+        from_setting,
+        server,
+        needed: true,
+    })
+}
+
+/// The zone a session of the server gets when it sets none, as the server
+/// spells it. MySQL/MariaDB: `@@global.time_zone` (`SYSTEM`, an offset, or a
+/// name). PostgreSQL: sqlx's startup parameter hides it from the session, so
+/// it is read where the server takes it from, in the order a new session
+/// would apply it: the setting for this role in this database, for this
+/// role, for this database, for every role (`pg_db_role_setting`); then the
+/// configuration files (`pg_file_settings`, readable by superusers and
+/// `pg_read_all_settings` only); then the built-in default.
+async fn server_zone(db: &DatabaseConnection, dialect: Dialect) -> Result<String, String> {
+    let text = |sql: &str| {
+        let statement = sea_orm::Statement::from_string(dialect.backend(), sql.to_string());
+        async move {
+            match db.query_one_raw(statement).await {
+                Ok(Some(row)) => row
+                    .try_get_by_index::<Option<String>>(0)
+                    .map_err(|e| e.to_string()),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    match dialect {
+        Dialect::MySql => text("SELECT CAST(@@global.time_zone AS CHAR)")
+            .await?
+            .ok_or_else(|| "@@global.time_zone is NULL".to_string()),
+        Dialect::Postgres => {
+            let per_role_or_database = text(
+                "SELECT substr(c, strpos(c, '=') + 1) FROM pg_db_role_setting s \
+                 CROSS JOIN LATERAL unnest(s.setconfig) AS c \
+                 WHERE lower(split_part(c, '=', 1)) = 'timezone' \
+                 AND s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database())) \
+                 AND s.setrole IN (0, (SELECT oid FROM pg_roles WHERE rolname = session_user)) \
+                 ORDER BY (s.setrole = 0), (s.setdatabase = 0) LIMIT 1",
+            )
+            .await?;
+            if let Some(zone) = per_role_or_database {
+                return Ok(zone);
+            }
+            let file = text(
+                "SELECT setting FROM pg_file_settings \
+                 WHERE lower(name) = 'timezone' AND applied ORDER BY seqno DESC LIMIT 1",
+            )
+            .await
+            .map_err(|e| {
+                format!(
+                    "pg_file_settings is not readable ({e}): grant pg_read_all_settings to this role, or set mapping.time_zone"
+                )
+            })?;
+            if let Some(zone) = file {
+                return Ok(zone);
+            }
+            text("SELECT boot_val FROM pg_settings WHERE name = 'TimeZone'")
+                .await?
+                .ok_or_else(|| "no TimeZone in pg_settings".to_string())
+        }
     }
 }
 
@@ -190,6 +342,26 @@ impl Mapped {
             findings.push(found);
             kinds[kind as usize] = Some(k);
         }
+        // The zone matters only to a column without one; a mapping with none
+        // such starts whatever the server lets this role read of its default.
+        let zone_less = |ty: &Ty| matches!(ty, Ty::Time { zoned: false });
+        let needed = stamp.as_ref().is_some_and(|(_, ty)| zone_less(ty))
+            || kinds.iter().flatten().any(|k: &KindSql| {
+                zone_less(&k.deadline_ty)
+                    || matches!(&k.target, Target::Flag(_, ty) if zone_less(ty))
+            });
+        let zone = match shop_zone(db, dialect, m).await {
+            Ok(zone) => zone,
+            Err(e) if !needed && m.time_zone.is_none() => ZoneFound {
+                used: Zone::Offset(0),
+                from_setting: false,
+                server: Err(e.message),
+                needed,
+            },
+            Err(e) => return Err(e),
+        };
+        findings.push(zone.describe());
+        let clock = Clock::new(dialect, zone.used.clone());
         let stock = if m.stock.is_set() {
             let (s, found) = stock_sql(db, dialect, m).await?;
             findings.push(found);
@@ -199,6 +371,8 @@ impl Mapped {
         };
         let mapped = Self {
             dialect,
+            clock,
+            zone,
             table: dialect.quote(&m.table),
             id: dialect.quote(&m.id_column),
             id_ty,
@@ -299,10 +473,11 @@ fn kind_sql(
             is_time,
             "a date and time",
         )?;
-        let expr = format!(
-            "({} + {})",
-            dialect.quote(&km.since_column),
-            dialect.interval_ms(window.as_millis())
+        let expr = sql::deadline(
+            dialect,
+            &dialect.quote(&km.since_column),
+            window.as_millis(),
+            orders.precision.get(&km.since_column).copied(),
         );
         let said = format!(
             "{} + windows.{kind} ({})",
@@ -318,12 +493,27 @@ fn kind_sql(
             "a date and time",
         )?;
         (
-            dialect.quote(&km.deadline_column),
+            sql::deadline(
+                dialect,
+                &dialect.quote(&km.deadline_column),
+                0,
+                orders.precision.get(&km.deadline_column).copied(),
+            ),
             ty,
             km.deadline_column.clone(),
         )
     };
-    let found = format!("{kind}: {target_said} when {deadline_said} has passed");
+    let since = (km.deadline_column.is_empty())
+        .then(|| (dialect.quote(&km.since_column), km.since_column.clone()));
+    let column = if km.deadline_column.is_empty() {
+        &km.since_column
+    } else {
+        &km.deadline_column
+    };
+    let found = format!(
+        "{kind}: {target_said} when {deadline_said} has passed{}",
+        orders.rounding(column)
+    );
     Ok((
         KindSql {
             from,
@@ -331,6 +521,7 @@ fn kind_sql(
             target,
             deadline,
             deadline_ty,
+            since,
         },
         found,
     ))

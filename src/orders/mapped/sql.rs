@@ -1,10 +1,14 @@
 //! The SQL a mapping is spoken in: identifiers quoted, values bound, the
-//! database's clock, and the column types a mapping can use, for PostgreSQL
-//! and MySQL/MariaDB. Nothing from the settings is spliced into a statement
-//! except identifiers, which `settings` only lets through as letters, digits
-//! and `_`, and which are quoted here as well.
+//! database's clock in the shop's zone, deadlines rounded towards later, and
+//! the column types a mapping can use, for PostgreSQL and MySQL/MariaDB.
+//! Nothing from the settings is spliced into a statement except identifiers,
+//! which `settings` only lets through as letters, digits and `_` (and which
+//! are quoted here as well), and a time zone, which it only lets through as
+//! letters, digits and `_ / + - :` (quoted here as a literal).
 
 use sea_orm::{DbBackend, Statement, Value};
+
+use crate::settings::Zone;
 
 /// Which SQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,18 +50,6 @@ impl Dialect {
             .join(".")
     }
 
-    /// The database's clock, in the time zone convention of a column of
-    /// this type: `timestamptz` is compared with an instant, a plain
-    /// `timestamp`/`datetime` with the session's local time (as the shop's
-    /// own `NOW()` wrote it).
-    pub fn now(self, ty: &Ty) -> &'static str {
-        match (self, ty) {
-            (Self::Postgres, Ty::Time { zoned: true }) => "CURRENT_TIMESTAMP",
-            (Self::Postgres, _) => "LOCALTIMESTAMP",
-            (Self::MySql, _) => "NOW(3)",
-        }
-    }
-
     /// A literal interval of `ms` milliseconds (a number of ours, not text
     /// from anyone).
     pub fn interval_ms(self, ms: u128) -> String {
@@ -95,6 +87,72 @@ impl Dialect {
     }
 }
 
+/// The database's clock, as each kind of time column is compared with it.
+///
+/// The service's sessions are in UTC whatever the shop's are (sqlx sets
+/// `time_zone = '+00:00'` on MySQL/MariaDB and the `TimeZone=UTC` startup
+/// parameter on PostgreSQL), so the session's local time (`NOW()`,
+/// `LOCALTIMESTAMP`) is not the shop's: a zone-less column is compared with
+/// the database's instant converted to the shop's zone, explicitly, in the
+/// statement. Columns with a zone (`timestamptz`; MySQL's `timestamp`, stored
+/// in UTC and read in the session's zone) are compared with the instant as
+/// the session reads it, as before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clock {
+    dialect: Dialect,
+    /// The zone the shop writes its zone-less columns in.
+    zone: Zone,
+}
+
+impl Clock {
+    /// The clock of `dialect` for a shop writing in `zone`.
+    pub fn new(dialect: Dialect, zone: Zone) -> Self {
+        Self { dialect, zone }
+    }
+
+    /// The zone.
+    pub fn zone(&self) -> &Zone {
+        &self.zone
+    }
+
+    /// The database's now, to compare with (or write into) a column of type `ty`.
+    pub fn now(&self, ty: &Ty) -> String {
+        let zoned = matches!(ty, Ty::Time { zoned: true });
+        match (self.dialect, zoned, &self.zone) {
+            (Dialect::Postgres, true, _) => "CURRENT_TIMESTAMP".to_string(),
+            // PostgreSQL reads a text offset POSIX-style (west positive), so
+            // an offset goes in as an interval, which it reads east positive.
+            (Dialect::Postgres, false, Zone::Offset(minutes)) => {
+                format!("(CURRENT_TIMESTAMP AT TIME ZONE INTERVAL '{minutes} minutes')")
+            }
+            (Dialect::Postgres, false, Zone::Named(name)) => {
+                format!("(CURRENT_TIMESTAMP AT TIME ZONE '{name}')")
+            }
+            (Dialect::MySql, true, _) => "NOW(3)".to_string(),
+            (Dialect::MySql, false, zone) => {
+                format!("CONVERT_TZ(UTC_TIMESTAMP(3), '+00:00', '{zone}')")
+            }
+        }
+    }
+}
+
+/// The deadline a column gives, as an SQL expression: the column itself, or
+/// `plus_ms` after it (a window from its start). A column coarser than
+/// milliseconds (`datetime`, `timestamp(0)`, precision 0 to 2) holds a time
+/// truncated (MariaDB) or rounded (MySQL, PostgreSQL) to its unit, so up to
+/// one unit earlier than the shop's own time: one unit is added, so that a
+/// deadline is never taken to have passed before it did.
+pub fn deadline(dialect: Dialect, column: &str, plus_ms: u128, precision: Option<u32>) -> String {
+    let unit_ms = match precision {
+        Some(p) if p < 3 => 10u128.pow(3 - p),
+        _ => 0,
+    };
+    match plus_ms + unit_ms {
+        0 => column.to_string(),
+        ms => format!("({column} + {})", dialect.interval_ms(ms)),
+    }
+}
+
 /// What a column holds, as far as a mapping cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ty {
@@ -106,9 +164,10 @@ pub enum Ty {
     Text,
     /// PostgreSQL's (or MariaDB's) `uuid`.
     Uuid,
-    /// A point in time; `zoned` for PostgreSQL's `timestamptz`.
+    /// A point in time; `zoned` for PostgreSQL's `timestamptz` and MySQL's
+    /// `timestamp` (an instant, read in the session's zone).
     Time {
-        /// `timestamp with time zone`.
+        /// `timestamp with time zone`, or MySQL's `timestamp`.
         zoned: bool,
     },
     /// Anything else, by its name in the database.
@@ -125,8 +184,9 @@ impl Ty {
             "character varying" | "varchar" | "character" | "char" | "text" | "tinytext"
             | "mediumtext" | "longtext" => Self::Text,
             "uuid" => Self::Uuid,
-            "timestamp with time zone" => Self::Time { zoned: true },
-            "timestamp without time zone" | "timestamp" | "datetime" => Self::Time { zoned: false },
+            // PostgreSQL spells its types in full: a bare `timestamp` is MySQL's.
+            "timestamp with time zone" | "timestamp" => Self::Time { zoned: true },
+            "timestamp without time zone" | "datetime" => Self::Time { zoned: false },
             _ => Self::Other(t),
         }
     }
@@ -230,6 +290,71 @@ mod tests {
             Ty::classify("timestamp with time zone"),
             Ty::Time { zoned: true }
         );
+        assert_eq!(Ty::classify("timestamp"), Ty::Time { zoned: true });
+        assert_eq!(
+            Ty::classify("timestamp without time zone"),
+            Ty::Time { zoned: false }
+        );
         assert_eq!(Ty::classify("jsonb"), Ty::Other("jsonb".into()));
+    }
+
+    #[test]
+    fn the_clock_is_read_in_the_shops_zone() {
+        let local = Ty::Time { zoned: false };
+        let zoned = Ty::Time { zoned: true };
+        let pg = |zone| Clock::new(Dialect::Postgres, zone);
+        let my = |zone| Clock::new(Dialect::MySql, zone);
+        let bogota = Zone::Named("America/Bogota".into());
+        assert_eq!(pg(bogota.clone()).now(&zoned), "CURRENT_TIMESTAMP");
+        assert_eq!(
+            pg(bogota.clone()).now(&local),
+            "(CURRENT_TIMESTAMP AT TIME ZONE 'America/Bogota')"
+        );
+        // East positive, not PostgreSQL's POSIX reading of '-05:00'.
+        assert_eq!(
+            pg(Zone::Offset(-300)).now(&local),
+            "(CURRENT_TIMESTAMP AT TIME ZONE INTERVAL '-300 minutes')"
+        );
+        assert_eq!(my(Zone::Offset(480)).now(&zoned), "NOW(3)");
+        assert_eq!(
+            my(Zone::Offset(-300)).now(&local),
+            "CONVERT_TZ(UTC_TIMESTAMP(3), '+00:00', '-05:00')"
+        );
+        assert_eq!(
+            my(Zone::Named("SYSTEM".into())).now(&local),
+            "CONVERT_TZ(UTC_TIMESTAMP(3), '+00:00', 'SYSTEM')"
+        );
+    }
+
+    #[test]
+    fn coarse_deadlines_are_rounded_towards_later() {
+        let pg = Dialect::Postgres;
+        let my = Dialect::MySql;
+        // Milliseconds or finer: as stored.
+        assert_eq!(deadline(pg, "\"pay_by\"", 0, Some(6)), "\"pay_by\"");
+        assert_eq!(deadline(my, "`pay_by`", 0, Some(3)), "`pay_by`");
+        assert_eq!(
+            deadline(pg, "\"c\"", 3_000, Some(6)),
+            "(\"c\" + INTERVAL '3000 milliseconds')"
+        );
+        // Whole seconds: one second later; tenths and hundredths likewise.
+        assert_eq!(
+            deadline(my, "`create_time`", 5_000, Some(0)),
+            "(`create_time` + INTERVAL 6000000 MICROSECOND)"
+        );
+        assert_eq!(
+            deadline(pg, "\"pay_by\"", 0, Some(0)),
+            "(\"pay_by\" + INTERVAL '1000 milliseconds')"
+        );
+        assert_eq!(
+            deadline(my, "`c`", 0, Some(1)),
+            "(`c` + INTERVAL 100000 MICROSECOND)"
+        );
+        assert_eq!(
+            deadline(pg, "\"c\"", 250, Some(2)),
+            "(\"c\" + INTERVAL '260 milliseconds')"
+        );
+        // Unknown precision: as stored.
+        assert_eq!(deadline(my, "`c`", 0, None), "`c`");
     }
 }
