@@ -46,16 +46,16 @@ pub enum Need {
     Scope(Scope),
 }
 
-/// What a route needs, from its path template (as the router matched it) and,
-/// for `/orders/{id}/{action}`, the action: shipping is the merchant's, every
-/// other action the buyer's.
-pub fn need(template: Option<&str>, action: Option<&str>) -> Need {
+/// What a route needs, from its path template as the router matched it.
+/// Shipping is the one merchant's action on an order and has its own route,
+/// so the scope comes from the match alone: nothing here reads the request's
+/// path, whose spelling (percent-encoding, case, slashes) a caller chooses.
+/// A path that matched no route needs nothing: it is answered 404.
+pub fn need(template: Option<&str>) -> Need {
     match template {
-        Some("/inventory/{sku}") => Need::Scope(Scope::Admin),
+        Some("/inventory/{sku}" | "/orders/{id}/ship") => Need::Scope(Scope::Admin),
         Some(path) if path.starts_with("/admin/") => Need::Scope(Scope::Admin),
-        Some("/orders" | "/orders/{id}") => Need::Scope(Scope::Checkout),
-        Some("/orders/{id}/{action}") if action == Some("ship") => Need::Scope(Scope::Admin),
-        Some("/orders/{id}/{action}") => Need::Scope(Scope::Checkout),
+        Some("/orders" | "/orders/{id}" | "/orders/{id}/{action}") => Need::Scope(Scope::Checkout),
         Some("/readyz" | "/metrics") => Need::Operations,
         _ => Need::Open,
     }
@@ -308,17 +308,16 @@ mod tests {
     fn routes_need_their_scope() {
         let admin = Need::Scope(Scope::Admin);
         let checkout = Need::Scope(Scope::Checkout);
-        assert_eq!(need(Some("/inventory/{sku}"), None), admin);
-        assert_eq!(need(Some("/orders"), None), checkout);
-        assert_eq!(need(Some("/orders/{id}"), None), checkout);
-        assert_eq!(need(Some("/orders/{id}/{action}"), Some("ship")), admin);
-        for action in ["pay", "confirm", "cancel", "refund"] {
-            assert_eq!(need(Some("/orders/{id}/{action}"), Some(action)), checkout);
-        }
-        assert_eq!(need(Some("/readyz"), None), Need::Operations);
-        assert_eq!(need(Some("/metrics"), None), Need::Operations);
-        assert_eq!(need(Some("/healthz"), None), Need::Open);
-        assert_eq!(need(Some("/openapi.json"), None), Need::Open);
-        assert_eq!(need(None, None), Need::Open);
+        assert_eq!(need(Some("/inventory/{sku}")), admin);
+        assert_eq!(need(Some("/orders")), checkout);
+        assert_eq!(need(Some("/orders/{id}")), checkout);
+        assert_eq!(need(Some("/orders/{id}/ship")), admin);
+        assert_eq!(need(Some("/orders/{id}/{action}")), checkout);
+        assert_eq!(need(Some("/admin/status")), admin);
+        assert_eq!(need(Some("/readyz")), Need::Operations);
+        assert_eq!(need(Some("/metrics")), Need::Operations);
+        assert_eq!(need(Some("/healthz")), Need::Open);
+        assert_eq!(need(Some("/openapi.json")), Need::Open);
+        assert_eq!(need(None), Need::Open);
     }
 }

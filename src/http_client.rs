@@ -120,17 +120,17 @@ impl JsonClient {
         if !url.starts_with("http://") {
             return Err(Error::Request("only http:// URLs are supported".into()));
         }
+        // The API refuses a state-changing request that does not say JSON,
+        // even one without a body: a web page could send that cross-site.
+        let says_json = body.is_some() || !matches!(method, Method::GET | Method::HEAD);
         let mut request = Request::builder().method(method).uri(url);
+        if says_json {
+            request = request.header(CONTENT_TYPE, "application/json");
+        }
         if let Some(authorization) = &self.authorization {
             request = request.header(AUTHORIZATION, authorization.clone());
         }
-        let bytes = match body {
-            Some(body) => {
-                request = request.header(CONTENT_TYPE, "application/json");
-                Bytes::from(body.to_string())
-            }
-            None => Bytes::new(),
-        };
+        let bytes = body.map_or_else(Bytes::new, |body| Bytes::from(body.to_string()));
         // The URL is left out: it may carry what the caller keeps private.
         request
             .body(Full::new(bytes))

@@ -215,7 +215,13 @@ async fn load(
             if pay {
                 // The scenario: paid a third of the way into its window.
                 tokio::time::sleep(Duration::from_millis(window_ms / 3)).await;
-                match client.post(format!("{base}/orders/{id}/pay")).send().await {
+                match client
+                    .post(format!("{base}/orders/{id}/pay"))
+                    // The API asks every POST to say JSON, body or not.
+                    .header("content-type", "application/json")
+                    .send()
+                    .await
+                {
                     Ok(r) if r.status() == 200 => paid = true,
                     Ok(r) if r.status() == 409 => {}
                     // 503 or no answer: it may or may not have committed; the

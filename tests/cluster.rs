@@ -388,7 +388,11 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
                     let mut paid = false;
                     if n.is_multiple_of(10) {
                         tokio::time::sleep(Duration::from_millis(window_ms / 3)).await;
-                        let pay = client.post(format!("{base}/orders/{id}/pay")).send().await;
+                        let pay = client
+                            .post(format!("{base}/orders/{id}/pay"))
+                            .header("content-type", "application/json")
+                            .send()
+                            .await;
                         paid = pay.is_ok_and(|r| r.status() == 200);
                     }
                     placed.lock().await.push(Placed { id, items, paid });

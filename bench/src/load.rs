@@ -200,7 +200,12 @@ pub(crate) async fn pay(
                         "order {id} would be paid within 500 ms of its deadline: too slow to plan"
                     );
                 }
-                let resp = http.post(format!("{base}/orders/{id}/pay")).send().await?;
+                let resp = http
+                    .post(format!("{base}/orders/{id}/pay"))
+                    // The API asks every POST to say JSON, body or not.
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .send()
+                    .await?;
                 if resp.status() != reqwest::StatusCode::OK {
                     let status = resp.status();
                     let text = resp.text().await.unwrap_or_default();

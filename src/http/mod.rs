@@ -1,12 +1,16 @@
 //! The HTTP API (JSON). Errors are `{"error": "..."}` with a fitting status:
 //! 400 for a body or path that does not parse, 401 without a valid bearer
-//! token, 403 for a token whose scope does not allow the request, 404 for what
-//! does not exist, 409 for a transition the order's state forbids or stock that
-//! is short, 422 for well-formed input that makes no sense, 503 when the
+//! token, 403 for a token whose scope does not allow the request (or a foreign
+//! `Origin`), 404 for what does not exist, 409 for a transition the order's
+//! state forbids or stock that is short, 415 for a state-changing request that
+//! does not say `Content-Type: application/json`, 421 for a foreign `Host` on
+//! a token-less API ([`cross_site`]), 422 for well-formed input that makes no
+//! sense, 503 when the
 //! database is away (or, from [`crate::server`], when a request is refused by
 //! the server's limits). Authentication ([`crate::auth`]) runs as a middleware
 //! after routing and before any handler, so a refused request reads no body
-//! and changes nothing.
+//! and changes nothing. The scope a request needs comes from the route the
+//! router matched, never from the path as the client spelled it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +41,7 @@ use crate::events::Events;
 use crate::settings::{Windows, parse_window};
 
 mod admin;
+mod cross_site;
 mod inventory;
 mod operations;
 mod orders;
@@ -227,6 +232,7 @@ fn routes(protect_operations: bool) -> (Router<Arc<Context>>, utoipa::openapi::O
         .routes(routes!(orders::create_order))
         .routes(routes!(orders::get_order))
         .routes(routes!(orders::order_action))
+        .routes(routes!(orders::ship_order))
         .routes(routes!(operations::healthz))
         .routes(routes!(operations::readyz))
         .routes(routes!(operations::metrics))
@@ -267,15 +273,21 @@ fn declare_security(doc: &mut utoipa::openapi::OpenApi, protect_operations: bool
             .build()
     };
     for (path, item) in doc.paths.paths.iter_mut() {
-        let scopes: Vec<&str> = match auth::need(Some(path), None) {
+        // A state-changing request without `Content-Type: application/json`
+        // is refused before anything else (see `cross_site`).
+        for op in [&mut item.put, &mut item.post].into_iter().flatten() {
+            op.responses
+                .responses
+                .entry("415".into())
+                .or_insert_with(|| error("Not `Content-Type: application/json`, which every PUT and POST needs, with a body or without; nothing was done").into());
+        }
+        let need = auth::need(Some(path));
+        let scopes: Vec<&str> = match need {
             Need::Open => continue,
             Need::Operations if !protect_operations => continue,
             Need::Operations => Vec::new(),
             Need::Scope(scope) => vec![scope.as_str()],
         };
-        // Shipping is the one action of the admin scope; inventory and
-        // `/admin` are the admin scope's whatever the action.
-        let admin_somewhere = auth::need(Some(path), Some("ship")) == Need::Scope(Scope::Admin);
         for op in [&mut item.get, &mut item.put, &mut item.post]
             .into_iter()
             .flatten()
@@ -285,7 +297,7 @@ fn declare_security(doc: &mut utoipa::openapi::OpenApi, protect_operations: bool
                 "401".into(),
                 error("No bearer token, or one that is not valid (`WWW-Authenticate: Bearer`); nothing was done").into(),
             );
-            if admin_somewhere {
+            if need == Need::Scope(Scope::Admin) {
                 op.responses.responses.insert(
                     "403".into(),
                     error("A valid token without the admin scope (inventory, `ship` and `/admin` need it); nothing was done").into(),
@@ -318,6 +330,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
         events: ctx.events.clone(),
     });
     let owned = ctx.orders.is_owned();
+    let anonymous = !ctx.settings.http.has_tokens();
     routes
         .route(
             "/openapi.json",
@@ -339,6 +352,11 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .layer(middleware::from_fn_with_state(gate, authenticate))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
             orders_api_gate(owned, request, next)
+        }))
+        // Outermost: what a web page may not send is refused before routing
+        // or tokens matter (`cross_site`).
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            cross_site::guard(anonymous, request, next)
         }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(ctx)
@@ -367,8 +385,8 @@ async fn authenticate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
         .extensions()
         .get::<MatchedPath>()
         .map(MatchedPath::as_str);
-    let action = request.uri().path().rsplit('/').next();
-    let need = auth::need(template, action);
+    // The matched route alone decides: never the path as the client spelled it.
+    let need = auth::need(template);
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)

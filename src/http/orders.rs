@@ -359,7 +359,7 @@ pub(super) async fn get_order(
     tag = "orders",
     params(
         ("id" = String, Path, description = "The order id"),
-        ("action" = String, Path, description = "`pay` (inside the window), `ship`, `confirm` or `cancel` (before payment)")
+        ("action" = String, Path, description = "`pay` (inside the window), `confirm` or `cancel` (before payment); shipping is `POST /orders/{id}/ship`")
     ),
     responses(
         (status = 200, description = "The order after the transition", body = OrderView),
@@ -373,12 +373,41 @@ pub(super) async fn order_action(
     State(ctx): State<Arc<Context>>,
     Path((id, action)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let Ok(action) = action.parse::<Action>() else {
-        return Err(ApiError::not_found(
-            "no such endpoint (actions: pay, ship, confirm, cancel)",
-        ));
-    };
-    let id = parse_id(&id)?;
+    // The action arrives percent-decoded: `%73hip` is `ship` here. Shipping
+    // needs the admin scope and has its own route, which the router matches
+    // on the path as written; any other spelling that decodes to it is no
+    // route of ours, whoever asks.
+    match action.parse::<Action>() {
+        Ok(Action::Ship) | Err(_) => Err(ApiError::not_found(
+            "no such endpoint (actions: pay, confirm, cancel; shipping is POST /orders/{id}/ship)",
+        )),
+        Ok(action) => act(&ctx, &id, action).await,
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/orders/{id}/ship",
+    tag = "orders",
+    params(("id" = String, Path, description = "The order id")),
+    responses(
+        (status = 200, description = "Shipped: the receipt window starts", body = OrderView),
+        (status = 404, description = "No such order", body = ErrorBody),
+        (status = 409, description = "The state diagram forbids it (only a `paid` order ships); `status` names the current status", body = ErrorBody),
+        (status = 400, description = "A body or path that does not parse", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody)
+    )
+)]
+pub(super) async fn ship_order(
+    State(ctx): State<Arc<Context>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    act(&ctx, &id, Action::Ship).await
+}
+
+/// One action on one order, answered with the order after it.
+async fn act(ctx: &Context, id: &str, action: Action) -> Result<Response, ApiError> {
+    let id = parse_id(id)?;
     // While an operator has payment timeouts paused, an order still waiting
     // for its payment takes it, even after its deadline.
     let deadline = if ctx.pauses.kind_paused(crate::domain::TimeoutKind::Payment) {

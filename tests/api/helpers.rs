@@ -480,9 +480,15 @@ pub fn new_token(what: &str) -> String {
 }
 
 /// A client for the service's API that sends this bearer token, if any, on
-/// every request.
+/// every request, and `Content-Type: application/json`, which the API asks of
+/// every state-changing request, body or not (a test of that rule builds a
+/// client of its own).
 pub fn api_client(token: Option<&str>) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        reqwest::header::HeaderValue::from_static("application/json"),
+    );
     if let Some(token) = token {
         let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
             .expect("a token is a header value");
@@ -627,6 +633,7 @@ impl Api {
         let resp = self
             .http
             .post(format!("{}/orders/{id}/{action}", self.base))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .send()
             .await
             .unwrap();

@@ -53,6 +53,7 @@ mod catch_up; // one due delivery applies every order of its kind already due
 mod clocks; // the database's clock decides, whatever an instance's host clock says
 mod control; // pause and resume each role while running; ctl
 mod core; // the core promises, every backend and delay mode
+mod cross_site; // what a web page may not make the API do: 415, 403, 421
 mod dashboard; // the Grafana dashboard's queries name real metrics
 mod encodings; // x-delay: the type each publisher example sends, every integer type read
 mod events; // domain events: each committed transition told once, consumer examples
@@ -70,6 +71,7 @@ mod openapi; // the OpenAPI document matches what the API does
 mod outages; // the broker and the database go away and come back
 mod reload; // settings reloaded while running: SIGHUP, /admin/reload, ctl reload
 mod roles; // least privilege on the database: serve on row rights only
+mod routes; // the authorization matrix over every route, and every spelling of one
 mod settings; // the binary's contracts: settings, doctor, demo
 mod stages; // the two delay stages on the real plugin and TTL queues
 mod tls; // amqps:// end to end

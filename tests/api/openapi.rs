@@ -48,6 +48,7 @@ async fn openapi_document_matches_what_the_api_does() {
         ("POST", "/admin/reload"),
         ("POST", "/admin/resume/{role}"),
         ("POST", "/orders"),
+        ("POST", "/orders/{id}/ship"),
         ("POST", "/orders/{id}/{action}"),
         ("PUT", "/inventory/{sku}"),
     ]
@@ -70,7 +71,7 @@ async fn openapi_document_matches_what_the_api_does() {
     for (method, path) in &expected {
         let op = &doc["paths"][path.as_str()][method.to_lowercase()];
         let scope = match path.as_str() {
-            "/inventory/{sku}" => Some("admin"),
+            "/inventory/{sku}" | "/orders/{id}/ship" => Some("admin"),
             p if p.starts_with("/admin/") => Some("admin"),
             "/orders" | "/orders/{id}" | "/orders/{id}/{action}" => Some("checkout"),
             _ => None,
@@ -89,8 +90,8 @@ async fn openapi_document_matches_what_the_api_does() {
                 assert!(op["responses"].get("401").is_none(), "{method} {path}");
             }
         }
-        // 403 where a checkout token may be refused: inventory, `ship`, `/admin`.
-        let forbidden = matches!(path.as_str(), "/inventory/{sku}" | "/orders/{id}/{action}")
+        // 403 where a checkout token is refused: inventory, `ship`, `/admin`.
+        let forbidden = matches!(path.as_str(), "/inventory/{sku}" | "/orders/{id}/ship")
             || path.starts_with("/admin/");
         assert_eq!(
             op["responses"].get("403").is_some(),
@@ -150,6 +151,12 @@ async fn openapi_document_matches_what_the_api_does() {
             "POST",
             "/orders/{id}/{action}",
             format!("/orders/{order}/pay"),
+            None,
+        ),
+        (
+            "POST",
+            "/orders/{id}/ship",
+            format!("/orders/{order}/ship"),
             None,
         ),
         (
