@@ -361,8 +361,10 @@ async fn authenticate(State(ctx): State<Arc<Context>>, request: Request, next: N
         .headers()
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    let live = ctx.live();
-    match Access::new(&live.http).check(need, authorization) {
+    // The settings in effect are taken for this decision only, not held
+    // while the handler runs.
+    let decision = Access::new(&ctx.live().http).check(need, authorization);
+    match decision {
         Ok(()) => {
             // Cheap clones (shared bytes); the path is only worded on a failure.
             let (method, uri) = (request.method().clone(), request.uri().clone());
