@@ -8,7 +8,7 @@
 //! without an early exit, so the answer's timing does not say how much of a
 //! guess was right, nor which token came close.
 
-use crate::settings::{HttpSettings, Secret};
+use crate::settings::HttpSettings;
 
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,32 +86,20 @@ impl Denied {
     }
 }
 
-/// The configured tokens and what they may do.
-pub struct Access {
-    /// Every token with its scope; empty: the API is open.
-    tokens: Vec<(Secret, Scope)>,
-    /// Whether `/readyz` and `/metrics` need a token.
-    protect_operations: bool,
+/// The configured tokens and what they may do: the HTTP settings in effect,
+/// borrowed for one request so that a reload that rotates a token applies to
+/// the next request.
+pub struct Access<'a> {
+    /// The tokens of each scope (none: the API is open), and whether
+    /// `/readyz` and `/metrics` need one.
+    http: &'a HttpSettings,
 }
 
-impl Access {
+impl<'a> Access<'a> {
     /// The policy of these settings (validated at load: tokens well-formed,
     /// none in both scopes).
-    pub fn new(http: &HttpSettings) -> Self {
-        let tokens = http
-            .admin_tokens
-            .iter()
-            .map(|t| (t.clone(), Scope::Admin))
-            .chain(
-                http.checkout_tokens
-                    .iter()
-                    .map(|t| (t.clone(), Scope::Checkout)),
-            )
-            .collect();
-        Self {
-            tokens,
-            protect_operations: http.protect_operations,
-        }
+    pub fn new(http: &'a HttpSettings) -> Self {
+        Self { http }
     }
 
     /// Decides a request that needs `need` and carries this `Authorization`
@@ -120,9 +108,9 @@ impl Access {
         let needs = match need {
             // No tokens configured (allowed on loopback only, or when
             // `http.allow_anonymous` says so): the API is open.
-            _ if self.tokens.is_empty() => return Ok(()),
+            _ if !self.http.has_tokens() => return Ok(()),
             Need::Open => return Ok(()),
-            Need::Operations if !self.protect_operations => return Ok(()),
+            Need::Operations if !self.http.protect_operations => return Ok(()),
             Need::Operations => Scope::Checkout,
             Need::Scope(scope) => scope,
         };
@@ -139,9 +127,15 @@ impl Access {
     /// token (no early exit, neither inside a comparison nor across tokens).
     fn identify(&self, presented: &[u8]) -> Option<Scope> {
         let mut found = None;
-        for (token, scope) in &self.tokens {
+        let admin = self.http.admin_tokens.iter().map(|t| (t, Scope::Admin));
+        let checkout = self
+            .http
+            .checkout_tokens
+            .iter()
+            .map(|t| (t, Scope::Checkout));
+        for (token, scope) in admin.chain(checkout) {
             if constant_time_eq(presented, token.expose().as_bytes()) {
-                found = Some(*scope);
+                found = Some(scope);
             }
         }
         found
@@ -182,8 +176,8 @@ mod tests {
     const ADMIN: &str = "admin-token-0123456789";
     const CHECKOUT: &str = "checkout-token-0123456789";
 
-    fn access(admin: &str, checkout: &str, protect_operations: bool) -> Access {
-        Access::new(&HttpSettings {
+    fn http(admin: &str, checkout: &str, protect_operations: bool) -> HttpSettings {
+        HttpSettings {
             bind: "127.0.0.1:0".parse().unwrap(),
             admin_tokens: parse_tokens("http.admin_tokens", admin).unwrap(),
             checkout_tokens: parse_tokens("http.checkout_tokens", checkout).unwrap(),
@@ -193,7 +187,7 @@ mod tests {
             request_timeout: std::time::Duration::from_secs(30),
             max_connections: 1024,
             max_in_flight: 100,
-        })
+        }
     }
 
     fn header(token: &str) -> Vec<u8> {
@@ -242,7 +236,8 @@ mod tests {
 
     #[test]
     fn scopes_decide_what_a_token_may_do() {
-        let access = access(ADMIN, CHECKOUT, false);
+        let http = http(ADMIN, CHECKOUT, false);
+        let access = Access::new(&http);
         let admin = header(ADMIN);
         let checkout = header(CHECKOUT);
         let (inventory, buyer) = (Need::Scope(Scope::Admin), Need::Scope(Scope::Checkout));
@@ -275,7 +270,8 @@ mod tests {
 
     #[test]
     fn protected_operations_take_a_token_of_either_scope() {
-        let access = access(ADMIN, CHECKOUT, true);
+        let http = http(ADMIN, CHECKOUT, true);
+        let access = Access::new(&http);
         assert_eq!(access.check(Need::Operations, None), Err(Denied::Missing));
         for token in [ADMIN, CHECKOUT] {
             assert_eq!(access.check(Need::Operations, Some(&header(token))), Ok(()));
@@ -285,7 +281,8 @@ mod tests {
 
     #[test]
     fn rotated_tokens_both_work() {
-        let access = access("old-admin-token-0123,new-admin-token-0123", "", false);
+        let http = http("old-admin-token-0123,new-admin-token-0123", "", false);
+        let access = Access::new(&http);
         for token in ["old-admin-token-0123", "new-admin-token-0123"] {
             assert_eq!(
                 access.check(Need::Scope(Scope::Admin), Some(&header(token))),
@@ -296,7 +293,8 @@ mod tests {
 
     #[test]
     fn no_tokens_leave_the_api_open() {
-        let access = access("", "", false);
+        let http = http("", "", false);
+        let access = Access::new(&http);
         assert_eq!(access.check(Need::Scope(Scope::Admin), None), Ok(()));
         assert_eq!(
             access.check(Need::Scope(Scope::Admin), Some(b"Bearer anything")),

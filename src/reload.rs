@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use crate::domain::Millis;
-use crate::settings::{Change, Settings, SettingsSource, changes, is_live};
+use crate::settings::{Change, Settings, SettingsSource, changes, check_applied, is_live};
 use crate::telemetry::{self, LevelChange};
 
 /// How a reload ended.
@@ -133,6 +133,11 @@ impl Reloader {
             }
         };
         let running = self.current();
+        let applied = running.with_live(&new);
+        if let Err(e) = check_applied(&running, &applied) {
+            status.last_outcome = Some(Outcome::Refused);
+            return Err(ReloadError::Refused(e.to_string()));
+        }
         let changed: Vec<Change> = changes(&running, &new)
             .into_iter()
             .filter(|c| is_live(c.key, &running))
@@ -158,7 +163,7 @@ impl Reloader {
         let outcome = if changed.is_empty() {
             Outcome::Unchanged
         } else {
-            self.live.send_replace(Arc::new(running.with_live(&new)));
+            self.live.send_replace(Arc::new(applied));
             Outcome::Applied
         };
         let reloaded = Reloaded {

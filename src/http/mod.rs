@@ -37,7 +37,6 @@ use crate::db::store::{
     self, Action, CheckoutError, IdempotencyKey, NewItem, Order, SkuStock, TransitionError,
 };
 use crate::domain::{Millis, OrderId, OrderStatus};
-use crate::events::Events;
 use crate::settings::{Windows, parse_window};
 
 mod admin;
@@ -313,22 +312,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     routes(false).1
 }
 
-/// What the authentication middleware needs.
-struct Gate {
-    /// The tokens and what they may do.
-    access: Access,
-    /// Where refusals are counted.
-    events: Arc<Events>,
-}
-
 /// All routes over the shared context.
 pub fn router(ctx: Arc<Context>) -> Router {
     let (routes, doc) = routes(ctx.settings.http.protect_operations);
     let doc = Arc::new(doc);
-    let gate = Arc::new(Gate {
-        access: Access::new(&ctx.settings.http),
-        events: ctx.events.clone(),
-    });
     let owned = ctx.orders.is_owned();
     let anonymous = !ctx.settings.http.has_tokens();
     routes
@@ -349,7 +336,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
         // `Router::layer` wraps each route after matching, so the middleware
         // sees the matched template; it runs before the body limit and any
         // extractor, so a refused request is never read.
-        .layer(middleware::from_fn_with_state(gate, authenticate))
+        .layer(middleware::from_fn_with_state(ctx.clone(), authenticate))
         .layer(middleware::from_fn(move |request: Request, next: Next| {
             orders_api_gate(owned, request, next)
         }))
@@ -378,9 +365,10 @@ async fn orders_api_gate(owned: bool, request: Request, next: Next) -> Response 
 }
 
 /// The authentication middleware: what the matched route needs, against the
-/// request's `Authorization` header; and, once a handler has answered, the
+/// request's `Authorization` header, checked against the tokens in effect now
+/// (a reload may have rotated them); and, once a handler has answered, the
 /// report of a database failure it met.
-async fn authenticate(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+async fn authenticate(State(ctx): State<Arc<Context>>, request: Request, next: Next) -> Response {
     let template = request
         .extensions()
         .get::<MatchedPath>()
@@ -391,20 +379,23 @@ async fn authenticate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
         .headers()
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    match gate.access.check(need, authorization) {
+    // The settings in effect are taken for this decision only, not held
+    // while the handler runs.
+    let decision = Access::new(&ctx.live().http).check(need, authorization);
+    match decision {
         Ok(()) => {
             // Cheap clones (shared bytes); the path is only worded on a failure.
             let (method, uri) = (request.method().clone(), request.uri().clone());
             let response = next.run(request).await;
             if let Some(DatabaseFailure(cause)) = response.extensions().get() {
                 let path = crate::domain::truncate(uri.path(), 64);
-                gate.events
+                ctx.events
                     .request_database_failed(method.as_str(), &path, cause);
             }
             response
         }
         Err(denied) => {
-            gate.events.auth_refused(
+            ctx.events.auth_refused(
                 denied.reason(),
                 request.method().as_str(),
                 &crate::domain::truncate(request.uri().path(), 64),

@@ -102,8 +102,8 @@ pub(super) fn section_name(key: &str) -> &str {
 /// The text of a key's value as it was given or stored, redacted if the key is
 /// a secret. Empty text hides nothing and stays empty.
 pub(super) fn written(key: &Key, text: &str) -> String {
-    match key.secret {
-        Some(wrap) if !text.is_empty() => wrap(text.to_string()).redacted(),
+    match &key.secret {
+        Some(secret) if !text.is_empty() => (secret.wrap)(text.to_string()).redacted(),
         _ => text.to_string(),
     }
 }

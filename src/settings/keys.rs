@@ -23,10 +23,21 @@ pub(super) struct Key {
     /// The value as `doctor` shows it: a secret only ever redacted, which its
     /// type ([`Secret`]) sees to.
     pub show: fn(&Settings) -> String,
-    /// Whether the key's text is a secret, and how its [`Secret`] hides it
-    /// when printed as written (`order-timeout config`): `Secret::new` shows
-    /// a URL without its password, `Secret::opaque` nothing at all.
-    pub secret: Option<fn(String) -> Secret>,
+    /// Whether the key's text is a secret, how it is hidden and how two
+    /// values of it are compared (`show` cannot tell them apart).
+    pub secret: Option<SecretKey>,
+}
+
+/// How a secret key is hidden, and compared by its value.
+pub(super) struct SecretKey {
+    /// How its [`Secret`] hides it when printed as written (`order-timeout
+    /// config`): `Secret::new` shows a URL without its password,
+    /// `Secret::opaque` nothing at all.
+    pub wrap: fn(String) -> Secret,
+    /// Whether two settings hold the same value: what a reload compares,
+    /// since the shown text of two tokens, or of two URLs that differ only by
+    /// their password, is the same. The values never leave it.
+    pub same: fn(&Settings, &Settings) -> bool,
 }
 
 /// A section's keys, and what must hold across them once all are read.
@@ -156,7 +167,10 @@ const DATABASE: &[Key] = &[
             )
         },
         show: |s| s.database.url.redacted(),
-        secret: Some(Secret::new),
+        secret: Some(SecretKey {
+            wrap: Secret::new,
+            same: |a, b| a.database.url == b.database.url,
+        }),
     },
     Key {
         name: "database.max_connections",
@@ -198,7 +212,10 @@ const AMQP: &[Key] = &[
         default: "amqp://guest:guest@127.0.0.1:5672/%2f",
         read: |k, v, s| set(&mut s.amqp.url, parse_amqp_url(k, v).map(Secret::new)),
         show: |s| s.amqp.url.redacted(),
-        secret: Some(Secret::new),
+        secret: Some(SecretKey {
+            wrap: Secret::new,
+            same: |a, b| a.amqp.url == b.amqp.url,
+        }),
     },
     Key {
         name: "amqp.prefix",
@@ -296,7 +313,10 @@ const AMQP: &[Key] = &[
             Some(m) => format!("{} (as {}, vhost {})", m.base, m.username, m.vhost),
             None => "off".to_string(),
         },
-        secret: Some(Secret::new),
+        secret: Some(SecretKey {
+            wrap: Secret::new,
+            same: |a, b| a.amqp.management == b.amqp.management,
+        }),
     },
 ];
 
@@ -317,7 +337,10 @@ const HTTP: &[Key] = &[
         default: "",
         read: |k, v, s| set(&mut s.http.checkout_tokens, parse_tokens(k, v)),
         show: |s| describe_tokens(&s.http.checkout_tokens),
-        secret: Some(Secret::opaque),
+        secret: Some(SecretKey {
+            wrap: Secret::opaque,
+            same: |a, b| a.http.checkout_tokens == b.http.checkout_tokens,
+        }),
     },
     Key {
         name: "http.admin_tokens",
@@ -325,7 +348,10 @@ const HTTP: &[Key] = &[
         default: "",
         read: |k, v, s| set(&mut s.http.admin_tokens, parse_tokens(k, v)),
         show: |s| describe_tokens(&s.http.admin_tokens),
-        secret: Some(Secret::opaque),
+        secret: Some(SecretKey {
+            wrap: Secret::opaque,
+            same: |a, b| a.http.admin_tokens == b.http.admin_tokens,
+        }),
     },
     Key {
         name: "http.allow_anonymous",

@@ -74,22 +74,46 @@ fn read_file(path: &Path) -> Result<Vec<(String, String)>, SettingsError> {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
+    // Parsed here first for the error alone: the `config` crate's message
+    // quotes the offending line, and that line may hold a token or a URL's
+    // password (a missing quote is the usual mistake).
+    if let Err(e) = text.parse::<toml::Table>() {
+        return Err(SettingsError::File {
+            path: path.to_path_buf(),
+            reason: syntax_error(&text, &e),
+        });
+    }
+    // Whatever `config` refuses that `toml` read is told without its text,
+    // which may quote the file.
+    let unreadable = |_| SettingsError::File {
+        path: path.to_path_buf(),
+        reason: "the file is TOML but its values cannot be read as settings".to_string(),
+    };
     let config = Config::builder()
         .add_source(File::from_str(&text, FileFormat::Toml))
         .build()
-        .map_err(|e| SettingsError::File {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        .map_err(unreadable)?;
     let table = config
         .try_deserialize::<config::Map<String, Value>>()
-        .map_err(|e| SettingsError::File {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        .map_err(unreadable)?;
     let mut out = Vec::new();
     flatten("", table, &mut out)?;
     Ok(out)
+}
+
+/// A TOML syntax error as line, column and the parser's message, never the
+/// text of the line: `line 3, column 16: invalid basic string`.
+pub(super) fn syntax_error(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end();
+    let Some(span) = error.span() else {
+        return message.to_string();
+    };
+    // The span starts on a character; `get` keeps a wrong one from panicking.
+    let before = text.get(..span.start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    format!("line {line}, column {column}: {message}")
 }
 
 fn flatten(

@@ -1,7 +1,7 @@
 //! What a reload may change while the service runs, and how: the keys read
-//! afresh at each use (a batch, a round, a checkout), copied from newly loaded
-//! settings into the running ones; every other key is read once, at start, and
-//! a new value of it waits for a restart.
+//! afresh at each use (a batch, a round, a checkout, a request's token),
+//! copied from newly loaded settings into the running ones; every other key is
+//! read once, at start, and a new value of it waits for a restart.
 
 use super::keys::{Key, keys};
 use super::*;
@@ -13,6 +13,8 @@ pub const LIVE_KEYS: &[&str] = &[
     "windows.fulfillment",
     "windows.receipt",
     "windows.max_payment",
+    "http.checkout_tokens",
+    "http.admin_tokens",
     "consumer.batch_size",
     "consumer.batch_wait",
     "consumer.hold_max",
@@ -37,7 +39,8 @@ pub fn is_live(key: &str, settings: &Settings) -> bool {
 }
 
 /// One key whose value differs between two settings, as `doctor` shows
-/// values: secrets redacted.
+/// values: secrets redacted, so a rotated token or a new password can show
+/// the same text on both sides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     /// The dotted key.
@@ -48,12 +51,15 @@ pub struct Change {
     pub to: String,
 }
 
-/// Every key whose value differs from `a` to `b`, in table order.
+/// Every key whose value differs from `a` to `b`, in table order. A secret
+/// is compared by its value, not by its redacted text, which hides the change
+/// of a token or of a URL's password.
 pub fn changes(a: &Settings, b: &Settings) -> Vec<Change> {
     keys()
         .filter_map(|key: &Key| {
             let (from, to) = ((key.show)(a), (key.show)(b));
-            (from != to).then_some(Change {
+            let secret_changed = key.secret.as_ref().is_some_and(|s| !(s.same)(a, b));
+            (from != to || secret_changed).then_some(Change {
                 key: key.name,
                 from,
                 to,
@@ -70,6 +76,10 @@ impl Settings {
         if is_live("windows.payment", self) {
             out.windows = new.windows.clone();
         }
+        // Read at each request (`crate::http`): a rotated-out token is
+        // refused from the next request on.
+        out.http.checkout_tokens = new.http.checkout_tokens.clone();
+        out.http.admin_tokens = new.http.admin_tokens.clone();
         out.consumer.batch_size = new.consumer.batch_size;
         out.consumer.batch_wait = new.consumer.batch_wait;
         out.consumer.hold_max = new.consumer.hold_max;
@@ -93,4 +103,22 @@ impl Settings {
         }
         out
     }
+}
+
+/// Whether `applied` (the running settings with a reload's live keys, see
+/// [`Settings::with_live`]) may run in place of `running`. The new file was
+/// checked with its own `http.bind` and `http.protect_operations`, which a
+/// reload does not apply, so the tokens are checked again with the running
+/// ones; and a reload never takes every token away, which would open an API
+/// that was protected: that is a restart's decision.
+pub fn check_applied(running: &Settings, applied: &Settings) -> Result<(), SettingsError> {
+    check_http(applied)?;
+    if running.http.has_tokens() && !applied.http.has_tokens() {
+        return Err(invalid(
+            "http.admin_tokens",
+            "a reload cannot remove every token, which would leave the API open to anyone: \
+             keep at least one, or restart to run without tokens",
+        ));
+    }
+    Ok(())
 }

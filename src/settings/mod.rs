@@ -116,7 +116,7 @@ use connections::{
 };
 pub use file::{REGENERATE, defaults_file};
 use keys::{SECTIONS, keys};
-pub use live::{Change, LIVE_KEYS, changes, is_live};
+pub use live::{Change, LIVE_KEYS, changes, check_applied, is_live};
 pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping, Zone};
 use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status, parse_time_zone};
 pub use parse::{MIN_TOKEN_LEN, parse_duration, parse_tokens, parse_window};

@@ -988,6 +988,8 @@ const RELOADED: &[(&str, &str)] = &[
     ("ORDER_TIMEOUT__METRICS__GAUGE_INTERVAL", "5s"),
     ("ORDER_TIMEOUT__METRICS__OVERDUE_AFTER", "90s"),
     ("ORDER_TIMEOUT__LOG__LEVEL", "debug"),
+    ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_A),
+    ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_B),
     ("ORDER_TIMEOUT__AMQP__PREFIX", "elsewhere"),
     ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl"),
     ("ORDER_TIMEOUT__AMQP__QUEUE_TYPE", "quorum"),
@@ -1029,6 +1031,102 @@ fn a_reload_takes_the_live_keys_and_nothing_else() {
         Source::Env("ORDER_TIMEOUT__WINDOWS__PAYMENT".into())
     );
     assert_eq!(applied.sources["amqp.prefix"], Source::Default);
+}
+
+/// A token swapped for another, or a URL whose password alone changed, shows
+/// the same redacted text: it is a change all the same, named without its value.
+#[test]
+fn a_rotated_token_or_a_new_password_is_a_change() {
+    let running = load(&[
+        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://shop:hunter2-old@127.0.0.1/shop",
+        ),
+        (
+            "ORDER_TIMEOUT__AMQP__URL",
+            "amqp://shop:hunter2-old@127.0.0.1/%2f",
+        ),
+    ])
+    .unwrap();
+    let new = load(&[
+        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_B),
+        (
+            "ORDER_TIMEOUT__DATABASE__URL",
+            "postgres://shop:hunter2-new@127.0.0.1/shop",
+        ),
+        (
+            "ORDER_TIMEOUT__AMQP__URL",
+            "amqp://shop:hunter2-new@127.0.0.1/%2f",
+        ),
+    ])
+    .unwrap();
+    let found = changes(&running, &new);
+    let keys: Vec<&str> = found.iter().map(|c| c.key).collect();
+    // The management API takes its password from `amqp.url`.
+    assert_eq!(
+        keys,
+        [
+            "database.url",
+            "amqp.url",
+            "amqp.management_url",
+            "http.admin_tokens"
+        ]
+    );
+    let shown = format!("{found:?}");
+    for secret in [TOKEN_A, TOKEN_B, "hunter2"] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    assert!(is_live("http.admin_tokens", &running));
+    assert!(!is_live("database.url", &running));
+    let applied = running.with_live(&new);
+    assert_eq!(applied.http.admin_tokens, new.http.admin_tokens);
+    assert_eq!(applied.database.url, running.database.url);
+    assert!(changes(&new, &new).is_empty());
+}
+
+/// A reload applies its tokens with the running bind and switches: it may not
+/// take every token away (the API would be open), and what it applies must
+/// pass the checks a start would.
+#[test]
+fn a_reload_never_leaves_the_api_without_its_tokens() {
+    let running = load(&[("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A)]).unwrap();
+    let none = load(&[]).unwrap();
+    let refused = check_applied(&running, &running.with_live(&none)).unwrap_err();
+    assert!(
+        refused.to_string().contains("http.admin_tokens"),
+        "{refused}"
+    );
+    let rotated = load(&[("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_B)]).unwrap();
+    check_applied(&running, &running.with_live(&rotated)).unwrap();
+    // Open on loopback at start: tokens may be added by a reload.
+    check_applied(&none, &none.with_live(&running)).unwrap();
+}
+
+/// A file that is not TOML: the error names the file, line and column and
+/// says what is wrong, without the line, which may carry a secret.
+#[test]
+fn a_syntax_error_names_line_and_column_never_the_text() {
+    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broken.toml");
+    for (text, line) in [
+        (
+            "[windows]\npayment = \"2s\"\n[http]\nadmin_tokens = \"hunter2-token-0123456789\n",
+            4,
+        ),
+        (
+            "[database]\nurl = \"postgres://shop:hunter2@127.0.0.1/shop\nmax_connections = 5\n",
+            2,
+        ),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let error = load_file(&path, &[]).unwrap_err().to_string();
+        assert!(!error.contains("hunter2"), "{error}");
+        assert!(error.contains(&path.display().to_string()), "{error}");
+        assert!(error.contains(&format!("line {line}, column ")), "{error}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]

@@ -295,19 +295,18 @@ async fn refused_whole_and_restart_keys_reported(backend: Backend, mode: DelayMo
     let (status, body) = reload(&app).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outcome"], "applied");
-    assert_eq!(keys(&body["changed"]), ["windows.payment"]);
-    assert_eq!(body["changed"][0]["from"], "2s");
-    assert_eq!(body["changed"][0]["to"], "4s");
+    // Tokens apply while running; table order puts them first.
+    assert_eq!(
+        keys(&body["changed"]),
+        ["http.checkout_tokens", "windows.payment"]
+    );
+    assert_eq!(body["changed"][1]["from"], "2s");
+    assert_eq!(body["changed"][1]["to"], "4s");
     let mut restart = keys(&body["restart_needed"]);
     restart.sort();
     assert_eq!(
         restart,
-        [
-            "amqp.prefix",
-            "amqp.queue_type",
-            "http.checkout_tokens",
-            "http.request_timeout"
-        ]
+        ["amqp.prefix", "amqp.queue_type", "http.request_timeout"]
     );
     assert!(
         !body.to_string().contains(&secret),
@@ -425,6 +424,172 @@ async fn sighup_reloads_a_running_serve() {
     );
     assert!(
         text.contains("settings reload refused") && text.contains("windows.payment"),
+        "{text}"
+    );
+}
+
+/// GET `path` on `base` with `token`: the status.
+async fn status_with(base: &str, token: &str, path: &str) -> u16 {
+    let resp = api_client(Some(token))
+        .get(format!("{base}{path}"))
+        .send()
+        .await
+        .unwrap();
+    resp.status().as_u16()
+}
+
+/// `ctl reload` against `base` with `token`: success, and stdout with stderr.
+fn ctl_reload(base: &str, token: &str) -> (bool, String) {
+    let out = std::process::Command::new(BIN)
+        .args(["ctl", "--url", base, "reload"])
+        .env("ORDER_TIMEOUT_CTL_TOKEN", token)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Issue 26, items 2 and 3, on a real `serve` whose tokens and database URL
+/// come from its file. A token rotated by reload (old and new both listed,
+/// then the old removed) is refused from the next request on, without a
+/// restart; a database URL whose password alone changed is reported as
+/// needing a restart; and a file with a syntax error on a line holding a
+/// token or a password is refused naming file, line and column, never the
+/// line, in the 422, in `ctl reload` and in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rotate_by_reload_and_no_secret_is_ever_quoted() {
+    let mut app = spawn_app(Spawn::new(Backend::Postgres, DelayMode::Ttl)).await;
+    app.stop().await;
+    let old = app.token.clone().unwrap();
+    let new = new_token("admin");
+    let (buyer_old, buyer_new) = (new_token("checkout"), new_token("checkout"));
+    let mut env = app.env.clone();
+    // The file gives these; the environment would win over it.
+    env.remove("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS");
+    let db = env.remove("ORDER_TIMEOUT__DATABASE__URL").unwrap();
+    // The server trusts local connections: any password connects.
+    let db_with = |password: &str| db.replacen("postgres@", &format!("postgres:{password}@"), 1);
+    let settings = |admin: &str, checkout: &str, password: &str| {
+        format!(
+            "[database]\nurl = \"{}\"\nmigrate_on_start = false\n[http]\nadmin_tokens = \"{admin}\"\ncheckout_tokens = \"{checkout}\"\n",
+            db_with(password)
+        )
+    };
+    let file = ConfigFile::new(&settings(&old, &buyer_old, "hunter2-first"));
+    let log = file.dir.join("serve.log");
+    let serve = Serve::new(BIN)
+        .envs(env)
+        .config(file.path())
+        .instance("rotate")
+        .log(&log);
+    let (mut child, _) = start_ready(&app, serve).await;
+    let base = child.base().to_string();
+    let post_reload = |token: &str| {
+        let (base, client) = (base.clone(), api_client(Some(token)));
+        async move {
+            let resp = client
+                .post(format!("{base}/admin/reload"))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap())
+        }
+    };
+    let secrets = [
+        old.as_str(),
+        new.as_str(),
+        buyer_old.as_str(),
+        buyer_new.as_str(),
+        "hunter2",
+    ];
+    let no_secret = |text: &str| {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+    };
+    assert_eq!(status_with(&base, &old, "/admin/status").await, 200);
+    assert_eq!(status_with(&base, &new, "/admin/status").await, 401);
+
+    // Both admin tokens listed; the checkout token swapped at once.
+    file.write(&settings(
+        &format!("{old},{new}"),
+        &buyer_new,
+        "hunter2-first",
+    ));
+    let (status, body) = post_reload(&old).await;
+    assert_eq!(status, 200, "{body}");
+    no_secret(&body);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["outcome"], "applied", "{body}");
+    assert_eq!(
+        keys(&body["changed"]),
+        ["http.checkout_tokens", "http.admin_tokens"]
+    );
+    assert_eq!(keys(&body["restart_needed"]), Vec::<String>::new());
+    for token in [&old, &new] {
+        assert_eq!(status_with(&base, token, "/admin/status").await, 200);
+    }
+    // A checkout-scope route: 404 for an order that is not there, once let in.
+    assert_eq!(status_with(&base, &buyer_old, "/orders/1").await, 401);
+    assert_eq!(status_with(&base, &buyer_new, "/orders/1").await, 404);
+
+    // The old admin token removed, the same number of tokens as before it
+    // was added; and only the database password changed.
+    file.write(&settings(&new, &buyer_new, "hunter2-second"));
+    let (ok, out) = ctl_reload(&base, &new);
+    assert!(ok, "{out}");
+    no_secret(&out);
+    assert!(out.contains("http.admin_tokens"), "{out}");
+    assert!(out.contains("database.url"), "{out}");
+    assert_eq!(status_with(&base, &old, "/admin/status").await, 401);
+    assert_eq!(status_with(&base, &new, "/admin/status").await, 200);
+    // Read again: nothing live changed; the new password waits for a restart.
+    let (status, body) = post_reload(&new).await;
+    assert_eq!(status, 200, "{body}");
+    no_secret(&body);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["outcome"], "unchanged", "{body}");
+    assert_eq!(keys(&body["restart_needed"]), ["database.url"]);
+
+    // A missing quote on a token's line, then on the database URL's.
+    let good = settings(&new, &buyer_new, "hunter2-second");
+    let broken_token = good.replacen(&format!("{new}\""), &new, 1);
+    let broken_url = good.replacen(
+        &format!("{}\"", db_with("hunter2-second")),
+        &db_with("hunter2-second"),
+        1,
+    );
+    for (text, line) in [(broken_token, 5), (broken_url, 2)] {
+        file.write(&text);
+        let at = format!("line {line}, column ");
+        let (status, body) = post_reload(&new).await;
+        assert_eq!(status, 422, "{body}");
+        no_secret(&body);
+        assert!(
+            body.contains(&file.path().display().to_string()) && body.contains(&at),
+            "{body}"
+        );
+        let (ok, out) = ctl_reload(&base, &new);
+        assert!(!ok, "{out}");
+        no_secret(&out);
+        assert!(
+            out.contains(&file.path().display().to_string()) && out.contains(&at),
+            "{out}"
+        );
+    }
+    // Still running on the last good settings.
+    assert_eq!(status_with(&base, &new, "/admin/status").await, 200);
+    child.signal(Signal::Term).unwrap();
+    child.wait(Duration::from_secs(30)).await.unwrap();
+    let text = child.log_text();
+    no_secret(&text);
+    assert!(
+        text.contains("settings reload refused") && text.contains("line 2, column "),
         "{text}"
     );
 }

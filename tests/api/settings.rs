@@ -102,6 +102,50 @@ fn malformed_urls_never_print_their_password_in_any_command() {
     }
 }
 
+/// A settings file with a syntax error on a line holding a secret (a token
+/// without its closing quote; a database URL with a password): every command
+/// stops at start-up naming the file, line and column, never the line.
+#[test]
+fn a_syntax_error_in_the_file_stops_start_up_without_quoting_the_line() {
+    let dir = std::env::temp_dir().join(format!("ot-syntax-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("order-timeout.toml");
+    let files = [
+        (
+            "[windows]\npayment = \"2s\"\n[http]\nadmin_tokens = \"hunter2-token-0123456789\n",
+            4,
+        ),
+        (
+            "[database]\nurl = \"postgres://shop:hunter2-pw@127.0.0.1/shop\nmax_connections = 5\n",
+            2,
+        ),
+    ];
+    for (text, line) in files {
+        std::fs::write(&path, text).unwrap();
+        for command in [&["serve"][..], &["doctor"], &["config"]] {
+            let out = Command::new(BIN)
+                .arg("--config")
+                .arg(&path)
+                .args(command)
+                .output()
+                .expect("binary runs");
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.code(), Some(2), "{command:?}: {all}");
+            assert!(!all.contains("hunter2"), "{command:?}: {all}");
+            assert!(
+                all.contains(&path.display().to_string())
+                    && all.contains(&format!("line {line}, column ")),
+                "{command:?}: {all}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// Runs the binary with `args` and `env`; its exit code, stdout and stderr.
 fn run_bin(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let out = Command::new(BIN)
