@@ -93,6 +93,17 @@ impl Events {
         tracing::info!(order_id = %id, "checkout replayed for its idempotency key");
     }
 
+    /// The cleaner deleted idempotency keys past `http.idempotency_retention`.
+    pub fn idempotency_keys_expired(&self, count: u64) {
+        tracing::debug!(count, "expired idempotency keys deleted");
+    }
+
+    /// The cleaner could not delete expired idempotency keys; it tries again
+    /// next round (a key past its retention is treated as new meanwhile).
+    pub fn idempotency_cleanup_failed(&self, error: &str) {
+        tracing::warn!(error, "cannot delete expired idempotency keys");
+    }
+
     /// The HTTP server refused a request: `overloaded` (too many in flight,
     /// answered at once) or `timeout` (it took longer than
     /// `http.request_timeout` and was dropped).

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
@@ -26,7 +26,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::{self, Access, Denied, Need, Scope};
+use crate::auth::{self, Access, Caller, Denied, Need, Scope};
 use crate::context::Context;
 use crate::db;
 use crate::db::store::{
@@ -37,6 +37,7 @@ use crate::events::Events;
 use crate::settings::{Windows, parse_window};
 
 mod admin;
+pub mod idempotency;
 mod inventory;
 mod operations;
 mod orders;
@@ -375,6 +376,9 @@ async fn authenticate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
         .map(HeaderValue::as_bytes);
     match gate.access.check(need, authorization) {
         Ok(()) => {
+            let caller = auth::Caller::of(gate.access.has_tokens(), authorization);
+            let mut request = request;
+            request.extensions_mut().insert(caller);
             // Cheap clones (shared bytes); the path is only worded on a failure.
             let (method, uri) = (request.method().clone(), request.uri().clone());
             let response = next.run(request).await;
