@@ -220,12 +220,14 @@ impl CatchUp {
                 )
                 .await
             {
-                Ok(page) if !page.is_empty() => page,
+                Ok(page) if page.next.is_some() => page,
                 _ => break,
             };
-            let full = page.len() as u64 >= limit;
-            after = page.last().cloned();
+            // Unreadable ids are passed over here; the sweeper tells them.
+            let full = page.full;
+            after = page.next;
             let keys: Vec<OrderKey> = page
+                .orders
                 .into_iter()
                 .map(|(key, _)| key)
                 .filter(|key| !self.refused.contains(key))
