@@ -10,7 +10,9 @@ use super::*;
 /// With an idempotency key, the key is written in the same transaction, so an
 /// order exists with its key or not at all; a key used before answers
 /// [`CheckoutError::Replay`] or [`CheckoutError::KeyReused`] and reserves
-/// nothing. A refused checkout keeps no key: it may be retried with it.
+/// nothing. A refused checkout keeps no key: it may be retried with it. Keys
+/// are the caller's ([`IdempotencyKey::scope`]), and one older than its
+/// retention is claimed anew, as if it had never been used.
 pub async fn checkout(
     db: &DatabaseConnection,
     items: &[NewItem],
