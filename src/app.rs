@@ -143,6 +143,10 @@ impl Application {
         }
         tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
         tasks.spawn(gauges::run(ctx.clone(), shutdown.clone()));
+        if ctx.orders.is_owned() {
+            // Only the service's own checkouts write idempotency keys.
+            tasks.spawn(http::idempotency::clean(ctx.clone(), shutdown.clone()));
+        }
         if let Some(api) = ctx.settings.amqp.management.clone() {
             tasks.spawn(management::monitor(
                 ctx.clone(),

@@ -102,6 +102,11 @@ impl<'a> Access<'a> {
         Self { http }
     }
 
+    /// Whether any token is configured (else the API is open).
+    pub fn has_tokens(&self) -> bool {
+        self.http.has_tokens()
+    }
+
     /// Decides a request that needs `need` and carries this `Authorization`
     /// header value (raw bytes, as received).
     pub fn check(&self, need: Need, authorization: Option<&[u8]>) -> Result<(), Denied> {
@@ -139,6 +144,42 @@ impl<'a> Access<'a> {
             }
         }
         found
+    }
+}
+
+/// Who is calling, as far as keeping things apart per caller goes: the
+/// handlers find it in the request's extensions once [`Access::check`] let
+/// the request through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The SHA-256 of the caller's token in hex, or `anonymous`.
+    scope: String,
+}
+
+impl Caller {
+    /// The scope of callers without a token (an API without tokens): they
+    /// all share it.
+    pub const ANONYMOUS: &str = "anonymous";
+
+    /// The caller that sent this `Authorization` header value, on an API
+    /// that asks for tokens when `has_tokens`. The token itself is never
+    /// kept: only its hash, which says nothing about it.
+    pub fn of(has_tokens: bool, authorization: Option<&[u8]>) -> Self {
+        use sha2::{Digest, Sha256};
+        let scope = match authorization.and_then(bearer) {
+            // Without tokens any bearer is accepted: it names no one.
+            Some(token) if has_tokens => Sha256::digest(token)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+            _ => Self::ANONYMOUS.to_string(),
+        };
+        Self { scope }
+    }
+
+    /// The caller's scope: 64 hex digits or `anonymous`.
+    pub fn scope(&self) -> &str {
+        &self.scope
     }
 }
 
@@ -185,6 +226,7 @@ mod tests {
             protect_operations,
             header_read_timeout: std::time::Duration::from_secs(10),
             request_timeout: std::time::Duration::from_secs(30),
+            idempotency_retention: std::time::Duration::from_secs(86_400),
             max_connections: 1024,
             max_in_flight: 100,
         }
@@ -299,6 +341,25 @@ mod tests {
         assert_eq!(
             access.check(Need::Scope(Scope::Admin), Some(b"Bearer anything")),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn callers_are_told_apart_by_a_hash_of_their_token() {
+        let a = Caller::of(true, Some(&header(CHECKOUT)));
+        let b = Caller::of(true, Some(&header(ADMIN)));
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            Caller::of(true, Some(b"bearer checkout-token-0123456789 "))
+        );
+        assert_eq!(a.scope().len(), 64);
+        assert!(!a.scope().contains(CHECKOUT));
+        assert_eq!(Caller::of(true, None).scope(), Caller::ANONYMOUS);
+        // An open API: whatever is presented, one shared scope.
+        assert_eq!(
+            Caller::of(false, Some(&header(CHECKOUT))).scope(),
+            Caller::ANONYMOUS
         );
     }
 

@@ -230,6 +230,19 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
             Err(e) => report.fail("orders", format!("{kind}: {e}")),
         }
     }
+    // Rows the service cannot read are never acted on: worth a warning,
+    // not a failure (the other orders are served).
+    match mapped.unreadable_ids(conn).await {
+        Ok(Some(0)) => report.ok("ids", "every id is readable"),
+        Ok(Some(n)) => report.warn(
+            "ids",
+            format!(
+                "{n} row(s) have an id the service cannot read (empty, surrounding blanks, control characters or over 255 bytes): no timeout acts on them; fix them in the shop's table"
+            ),
+        ),
+        Ok(None) => {}
+        Err(e) => report.fail("ids", e),
+    }
 }
 
 /// The broker answers; whether it has the plugin; the delay mode that

@@ -92,6 +92,31 @@ impl OrderKey {
         }
         Ok(Self(raw.to_string()))
     }
+    /// Every answer of [`OrderKey::fault`] but `None`.
+    pub const FAULTS: [&str; 4] = [
+        "empty",
+        "too_long",
+        "control_characters",
+        "surrounding_blanks",
+    ];
+
+    /// Why `raw` is no key ([`OrderKey::parse`] refuses it), as a metric
+    /// label: `empty`, `too_long`, `control_characters` or
+    /// `surrounding_blanks`; `None` for a key.
+    pub fn fault(raw: &str) -> Option<&'static str> {
+        if raw.is_empty() {
+            Some("empty")
+        } else if raw.len() > MAX_ORDER_KEY_BYTES {
+            Some("too_long")
+        } else if raw.chars().any(char::is_control) {
+            Some("control_characters")
+        } else if raw.trim() != raw {
+            Some("surrounding_blanks")
+        } else {
+            None
+        }
+    }
+
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -411,6 +436,24 @@ pub fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fault_is_what_parse_refuses() {
+        let long = "x".repeat(MAX_ORDER_KEY_BYTES + 1);
+        for (raw, fault) in [
+            ("", Some("empty")),
+            (" 12 ", Some("surrounding_blanks")),
+            ("12\n", Some("control_characters")),
+            ("1\t2", Some("control_characters")),
+            (long.as_str(), Some("too_long")),
+            ("12", None),
+            ("ORD-7", None),
+        ] {
+            assert_eq!(OrderKey::fault(raw), fault, "{raw:?}");
+            assert_eq!(OrderKey::parse(raw).is_ok(), fault.is_none(), "{raw:?}");
+            assert!(fault.is_none_or(|f| OrderKey::FAULTS.contains(&f)));
+        }
+    }
 
     #[test]
     fn order_ids_are_positive_integers() {

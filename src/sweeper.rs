@@ -23,6 +23,7 @@ use crate::control::Pausable;
 use crate::db::clock;
 use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
+use crate::orders::Unreadable;
 
 /// Sweeps every `sweeper.interval` until shutdown, unless paused. A reload
 /// starts the wait again with the new interval.
@@ -80,6 +81,22 @@ fn roles(kind: TimeoutKind) -> [Pausable; 2] {
 /// other by `(deadline, id)`, so an order the database refuses is passed over
 /// in this sweep (and tried again in the next), not taken again and again.
 async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64, DbErr> {
+    let mut unreadable = Unreadable::default();
+    let swept = sweep_pages(ctx, kind, now, &mut unreadable).await;
+    // Told once per round, whatever ended it, never once per row.
+    if unreadable.total() > 0 {
+        ctx.events.unreadable_ids(kind, &unreadable);
+    }
+    swept
+}
+
+/// The pages of [`sweep_kind`]; the unreadable ids read go to `unreadable`.
+async fn sweep_pages(
+    ctx: &Context,
+    kind: TimeoutKind,
+    now: Millis,
+    unreadable: &mut Unreadable,
+) -> Result<u64, DbErr> {
     let settings = ctx.live().sweeper.clone();
     let mut caught = 0;
     let mut after = None;
@@ -96,13 +113,18 @@ async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64
                 settings.batch_size,
             )
             .await?;
-        let Some(last) = page.last().cloned() else {
+        unreadable.merge(page.unreadable);
+        // Pages continue after the last row read, kept or not: a page of
+        // unreadable ids does not end the sweep.
+        let Some(next) = page.next else {
             return Ok(caught);
         };
-        after = Some(last);
-        let ids: Vec<OrderKey> = page.iter().map(|(id, _)| id.clone()).collect();
-        caught += expire_isolating(ctx, kind, ids).await?;
-        if (page.len() as u64) < settings.batch_size {
+        after = Some(next);
+        let ids: Vec<OrderKey> = page.orders.into_iter().map(|(id, _)| id).collect();
+        if !ids.is_empty() {
+            caught += expire_isolating(ctx, kind, ids).await?;
+        }
+        if !page.full {
             return Ok(caught);
         }
     }

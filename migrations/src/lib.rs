@@ -21,6 +21,7 @@ mod m20261130_000002_create_order_events;
 mod m20261201_000003_add_late_payment_at;
 mod m20261201_000004_create_idempotency_keys;
 mod m20261201_000005_add_outbox_claims;
+mod m20261202_000006_scope_idempotency_keys;
 mod m20261215_000001_create_event_outbox;
 mod m20261215_000002_create_audit;
 
@@ -36,6 +37,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000003_add_late_payment_at::Migration),
             Box::new(m20261201_000004_create_idempotency_keys::Migration),
             Box::new(m20261201_000005_add_outbox_claims::Migration),
+            Box::new(m20261202_000006_scope_idempotency_keys::Migration),
         ]
     }
 }

@@ -12,7 +12,8 @@
 //! next one (at most [`EVERY`]), so that the two do not race for the same
 //! rows. A round reads up to [`MAX_PAGES`] pages through the status and
 //! deadline index and applies [`SIDE_BY_SIDE`] of them at once, each in its
-//! own transaction.
+//! own transaction. An order the database refuses alone is passed over for
+//! [`REFUSED_FOR`], then tried again (its refusal may have been a deadlock).
 //!
 //! The transitions are the same conditional ones, with the cause `timeout`;
 //! the log says `by="catch_up"`, `catch_ups_total{kind}` counts them, and the
@@ -58,22 +59,75 @@ const SIDE_BY_SIDE: usize = 2;
 /// message may lag behind its deadline in a loaded broker.
 const REMEMBER: Duration = Duration::from_secs(600);
 
-/// At most this many remembered orders (about 100 bytes each).
+/// At most this many remembered orders (about 100 bytes each), in each memory.
 const REMEMBER_MAX: usize = 200_000;
+
+/// How long an order the database refused alone is passed over: a refusal is
+/// often transient (a deadlock, a lock timeout), and the order must come back
+/// to later catch-ups; one that is refused for good costs a few halvings of a
+/// page this often, no more.
+const REFUSED_FOR: Duration = Duration::from_secs(30);
+
+/// Orders remembered for a while: at most [`REMEMBER_MAX`], each forgotten
+/// `window` after it was remembered, oldest first.
+struct Recent {
+    window: Duration,
+    keys: HashSet<OrderKey>,
+    order: VecDeque<(Instant, OrderKey)>,
+}
+
+impl Recent {
+    fn new(window: Duration) -> Self {
+        Self {
+            window,
+            keys: HashSet::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// Whether `key` is remembered (as of the last insert or
+    /// [`Recent::forget_old`]).
+    fn contains(&self, key: &OrderKey) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// Remembers `key` from `now` (an order remembered already keeps its
+    /// first time), and forgets what is too old or too many.
+    fn insert(&mut self, key: OrderKey, now: Instant) {
+        if self.keys.insert(key.clone()) {
+            self.order.push_back((now, key));
+        }
+        self.forget_old(now);
+    }
+
+    /// Forgets every order remembered a window or more before `now`, and
+    /// the oldest beyond [`REMEMBER_MAX`].
+    fn forget_old(&mut self, now: Instant) {
+        while let Some((at, _)) = self.order.front() {
+            if now.duration_since(*at) < self.window && self.order.len() <= REMEMBER_MAX {
+                break;
+            }
+            if let Some((_, old)) = self.order.pop_front() {
+                self.keys.remove(&old);
+            }
+        }
+    }
+}
 
 /// The catch-up of one kind's consumer, and what it applied.
 pub(super) struct CatchUp {
     kind: TimeoutKind,
     last: Option<Instant>,
-    applied: HashSet<OrderKey>,
-    order: VecDeque<(Instant, OrderKey)>,
+    /// Orders a catch-up applied, for [`REMEMBER`]: their messages change
+    /// nothing.
+    applied: Recent,
     /// Whether the last catch-up applied anything: deadlines are passing
     /// now, and the next one need not wait for a delivery.
     found: bool,
-    /// Orders the database refused alone (a trigger, a constraint): left to
-    /// their own deliveries and the sweeper, so that one of them does not
-    /// stop every catch-up.
-    refused: HashSet<OrderKey>,
+    /// Orders the database refused alone (a trigger, a constraint, a
+    /// deadlock), for [`REFUSED_FOR`]: meanwhile left to their own deliveries
+    /// and the sweeper, so that one of them does not stop every catch-up.
+    refused: Recent,
 }
 
 impl CatchUp {
@@ -81,9 +135,8 @@ impl CatchUp {
         Self {
             kind,
             last: None,
-            applied: HashSet::new(),
-            order: VecDeque::new(),
-            refused: HashSet::new(),
+            applied: Recent::new(REMEMBER),
+            refused: Recent::new(REFUSED_FOR),
             found: false,
         }
     }
@@ -112,17 +165,12 @@ impl CatchUp {
     }
 
     fn remember(&mut self, key: OrderKey, now: Instant) {
-        if self.applied.insert(key.clone()) {
-            self.order.push_back((now, key));
-        }
-        while let Some((at, _)) = self.order.front() {
-            if now.duration_since(*at) < REMEMBER && self.order.len() <= REMEMBER_MAX {
-                break;
-            }
-            if let Some((_, old)) = self.order.pop_front() {
-                self.applied.remove(&old);
-            }
-        }
+        self.applied.insert(key, now);
+    }
+
+    /// Passes `key` over in catch-ups for [`REFUSED_FOR`] from `now`.
+    fn refuse(&mut self, key: OrderKey, now: Instant) {
+        self.refused.insert(key, now);
     }
 
     /// Applies every order of the kind already due, unless a catch-up ran
@@ -148,6 +196,8 @@ impl CatchUp {
             return 0;
         }
         self.last = Some(started);
+        // Refusals age out: the order is tried again, alone if it must be.
+        self.refused.forget_old(started);
         let limit = (ctx.live().consumer.batch_size as u64).max(PAGE_AT_LEAST);
         // One reading of the database's clock for the round: every page is
         // judged by it, and a failed page's audit rows are looked up by it.
@@ -170,12 +220,14 @@ impl CatchUp {
                 )
                 .await
             {
-                Ok(page) if !page.is_empty() => page,
+                Ok(page) if page.next.is_some() => page,
                 _ => break,
             };
-            let full = page.len() as u64 >= limit;
-            after = page.last().cloned();
+            // Unreadable ids are passed over here; the sweeper tells them.
+            let full = page.full;
+            after = page.next;
             let keys: Vec<OrderKey> = page
+                .orders
                 .into_iter()
                 .map(|(key, _)| key)
                 .filter(|key| !self.refused.contains(key))
@@ -200,9 +252,7 @@ impl CatchUp {
                 caught += 1;
             }
             for key in page.refused {
-                if self.refused.len() < REMEMBER_MAX {
-                    self.refused.insert(key);
-                }
+                self.refuse(key, done);
             }
         }
         if caught > 0 {
@@ -284,9 +334,25 @@ mod tests {
         let key = |n: u32| OrderKey::parse(&n.to_string()).unwrap();
         c.remember(key(1), t0);
         c.remember(key(1), t0);
-        assert!(c.applied(&key(1)) && c.order.len() == 1);
+        assert!(c.applied(&key(1)) && c.applied.order.len() == 1);
         c.remember(key(2), t0 + REMEMBER + Duration::from_secs(1));
         assert!(!c.applied(&key(1)), "forgotten once old");
         assert!(c.applied(&key(2)));
+    }
+
+    #[test]
+    fn refusals_are_forgotten_after_a_while() {
+        let mut c = CatchUp::new(TimeoutKind::Payment);
+        let t0 = Instant::now();
+        let key = |n: u32| OrderKey::parse(&n.to_string()).unwrap();
+        c.refuse(key(1), t0);
+        c.refused
+            .forget_old(t0 + REFUSED_FOR - Duration::from_secs(1));
+        assert!(c.refused.contains(&key(1)), "passed over for a while");
+        c.refuse(key(2), t0 + REFUSED_FOR - Duration::from_secs(1));
+        c.refused.forget_old(t0 + REFUSED_FOR);
+        assert!(!c.refused.contains(&key(1)), "tried again once old");
+        assert!(c.refused.contains(&key(2)));
+        assert!(!c.applied(&key(1)), "a refusal is no application");
     }
 }

@@ -172,8 +172,8 @@ pub mod order_events {
     impl ActiveModelBehavior for ActiveModel {}
 }
 
-/// `idempotency_keys`: the checkouts made with an `Idempotency-Key`, kept with
-/// their order.
+/// `idempotency_keys`: the checkouts made with an `Idempotency-Key`, per
+/// caller, kept for `http.idempotency_retention`.
 pub mod idempotency_keys {
     use sea_orm::entity::prelude::*;
 
@@ -181,6 +181,11 @@ pub mod idempotency_keys {
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
     #[sea_orm(table_name = "idempotency_keys")]
     pub struct Model {
+        /// Whose key: the SHA-256 of the caller's bearer token in hex,
+        /// `anonymous` without tokens, `unscoped` for keys written before
+        /// keys were scoped (no caller matches those).
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub scope: String,
         /// The client's key: 1 to 255 visible ASCII characters.
         #[sea_orm(primary_key, auto_increment = false)]
         pub key: String,

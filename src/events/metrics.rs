@@ -27,6 +27,7 @@ pub(super) struct Metrics {
     pub(super) parked: Family<Labels2, Counter>,
     pub(super) sweeper_catches: Family<Labels1, Counter>,
     pub(super) catch_ups: Family<Labels1, Counter>,
+    pub(super) unreadable_ids: Family<Labels2, Counter>,
     pub(super) orders_created: Counter,
     pub(super) checkouts_rejected: Family<Labels1, Counter>,
     pub(super) checkouts_replayed: Counter,
@@ -123,6 +124,12 @@ impl Metrics {
                 "catch_ups",
                 "Orders a consumer applied when already due, woken by other deliveries of the kind, ahead of their own message, by kind",
                 Family::<Labels1, Counter>::default(),
+            ),
+            unreadable_ids: registered(
+                &mut registry,
+                "unreadable_ids",
+                "Overdue rows of a mapped table whose id the service cannot read (empty, surrounding blanks, control characters, over 255 bytes), passed over by the sweeper, by kind and reason, counted once per sweep round",
+                Family::<Labels2, Counter>::default(),
             ),
             orders_created: registered(
                 &mut registry,

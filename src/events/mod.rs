@@ -52,6 +52,10 @@ impl Events {
         let _ = events.m.task_panics.get_or_create(&[("role", "consumer")]);
         for kind in TimeoutKind::ALL {
             let _ = events.m.catch_ups.get_or_create(&[("kind", kind.as_str())]);
+            for reason in OrderKey::FAULTS {
+                let labels = [("kind", kind.as_str()), ("reason", reason)];
+                let _ = events.m.unreadable_ids.get_or_create(&labels);
+            }
         }
         for role in crate::control::Pausable::ALL {
             let _ = events.m.paused.get_or_create(&[("role", role.as_str())]);
@@ -91,6 +95,17 @@ impl Events {
     pub fn checkout_replayed(&self, id: OrderId) {
         self.m.checkouts_replayed.inc();
         tracing::info!(order_id = %id, "checkout replayed for its idempotency key");
+    }
+
+    /// The cleaner deleted idempotency keys past `http.idempotency_retention`.
+    pub fn idempotency_keys_expired(&self, count: u64) {
+        tracing::debug!(count, "expired idempotency keys deleted");
+    }
+
+    /// The cleaner could not delete expired idempotency keys; it tries again
+    /// next round (a key past its retention is treated as new meanwhile).
+    pub fn idempotency_cleanup_failed(&self, error: &str) {
+        tracing::warn!(error, "cannot delete expired idempotency keys");
     }
 
     /// The HTTP server refused a request: `overloaded` (too many in flight,
@@ -250,6 +265,25 @@ impl Events {
             .inc();
         self.timeout_applied(kind, id, lateness_ms, "sweeper");
         tracing::warn!(order_id = %id, kind = kind.as_str(), lateness_ms, "sweeper caught an order its timer missed");
+    }
+
+    /// A sweep of `kind` read rows whose id the service cannot read: they
+    /// are passed over (never acted on), counted by reason, and told in one
+    /// line per round with one sample id, escaped and truncated.
+    pub fn unreadable_ids(&self, kind: TimeoutKind, ids: &crate::orders::Unreadable) {
+        for (reason, n) in &ids.counts {
+            self.m
+                .unreadable_ids
+                .get_or_create(&[("kind", kind.as_str()), ("reason", reason)])
+                .inc_by(*n);
+        }
+        tracing::warn!(
+            kind = kind.as_str(),
+            rows = ids.total(),
+            reasons = ?ids.counts,
+            sample = ids.sample.as_deref().unwrap_or(""),
+            "overdue rows with an id the service cannot read were passed over; fix them in the shop's table (`order-timeout doctor` counts them)"
+        );
     }
 
     /// A consumer's catch-up applied an order already due, ahead of its own

@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
@@ -30,7 +30,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::{self, Access, Denied, Need, Scope};
+use crate::auth::{self, Access, Caller, Denied, Need, Scope};
 use crate::context::Context;
 use crate::db;
 use crate::db::store::{
@@ -41,6 +41,7 @@ use crate::settings::{Windows, parse_window};
 
 mod admin;
 mod cross_site;
+pub mod idempotency;
 mod inventory;
 mod operations;
 mod orders;
@@ -381,9 +382,17 @@ async fn authenticate(State(ctx): State<Arc<Context>>, request: Request, next: N
         .map(HeaderValue::as_bytes);
     // The settings in effect are taken for this decision only, not held
     // while the handler runs.
-    let decision = Access::new(&ctx.live().http).check(need, authorization);
+    let (decision, caller) = {
+        let live = ctx.live();
+        let access = Access::new(&live.http);
+        let decision = access.check(need, authorization);
+        // Whose request it is (a hash of its token): its idempotency keys are its own.
+        (decision, auth::Caller::of(access.has_tokens(), authorization))
+    };
     match decision {
         Ok(()) => {
+            let mut request = request;
+            request.extensions_mut().insert(caller);
             // Cheap clones (shared bytes); the path is only worded on a failure.
             let (method, uri) = (request.method().clone(), request.uri().clone());
             let response = next.run(request).await;

@@ -228,7 +228,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     path = "/orders",
     tag = "orders",
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters. A retry with the same key and the same request answers the first answer again (with `Idempotent-Replayed: true`) and reserves nothing; the key is kept with the order")
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters. A retry with the same key and the same request answers the first answer again (with `Idempotent-Replayed: true`) and reserves nothing; keys are the caller's own (per bearer token) and kept `http.idempotency_retention` (24h)")
     ),
     request_body = OrderBody,
     responses(
@@ -244,13 +244,22 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 )]
 pub(super) async fn create_order(
     State(ctx): State<Arc<Context>>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Result<Json<OrderBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let Json(body) = body?;
     let (items, window) = checkout_request(body, &ctx.live().windows)?;
-    let key = key.map(|key| IdempotencyKey::new(key, &items, window, checkout_answer));
+    // Keys are the caller's own: another storefront's `cart-1001` is another
+    // key (the authentication middleware always sets the caller).
+    let scope = caller.map_or_else(
+        || Caller::ANONYMOUS.to_string(),
+        |Extension(c)| c.scope().to_string(),
+    );
+    let retention = ctx.settings.http.idempotency_retention;
+    let key =
+        key.map(|key| IdempotencyKey::new(scope, key, retention, &items, window, checkout_answer));
     // The deadline is stamped by the database's clock, which every instance
     // judges it by (`db::clock`).
     let now = db::clock::now(&ctx.api_db).await?;

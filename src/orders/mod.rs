@@ -6,7 +6,7 @@
 
 pub mod mapped;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -201,30 +201,110 @@ impl Orders {
     }
 
     /// One page of orders overdue by more than `grace`, with their
-    /// deadlines; `after` is the last of the previous page.
+    /// deadlines; `after` is the previous page's [`OverduePage::next`].
     pub async fn overdue(
         &self,
         db: &DatabaseConnection,
         kind: TimeoutKind,
         now: Millis,
         grace: Duration,
-        after: Option<&(OrderKey, Millis)>,
+        after: Option<&Cursor>,
         limit: u64,
-    ) -> Result<Vec<(OrderKey, Millis)>, DbErr> {
+    ) -> Result<OverduePage, DbErr> {
         match self {
             Self::Owned => {
-                let after = after.map(|(key, at)| (owned_ids(std::slice::from_ref(key))[0], *at));
+                // The service's own ids are integers: every row is readable.
+                let after = after.map(|c| {
+                    (
+                        c.raw.parse::<OrderId>().unwrap_or(OrderId::new(0)),
+                        c.deadline,
+                    )
+                });
                 let page = store::overdue(db, kind, now.minus(grace), after, limit).await?;
-                Ok(page
-                    .into_iter()
-                    .map(|(id, at)| (OrderKey::from(id), at))
-                    .collect())
+                let next = page.last().map(|(id, at)| Cursor::new(id.to_string(), *at));
+                Ok(OverduePage {
+                    full: page.len() as u64 >= limit,
+                    orders: page
+                        .into_iter()
+                        .map(|(id, at)| (OrderKey::from(id), at))
+                        .collect(),
+                    next,
+                    unreadable: Unreadable::default(),
+                })
             }
             Self::Mapped(m) => {
-                m.overdue(db, kind, now, grace, after.map(|(k, _)| k), limit)
+                m.overdue(db, kind, now, grace, after.map(|c| c.raw.as_str()), limit)
                     .await
             }
         }
+    }
+}
+
+/// Where a page of overdue orders ended: the last row read, readable or not,
+/// so that the next page continues after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// The id as the database spells it (it may be no [`OrderKey`]).
+    raw: String,
+    /// Its deadline (the owned mode pages by deadline, then id).
+    deadline: Millis,
+}
+
+impl Cursor {
+    /// After the row with this id, as the database spelled it, and deadline.
+    pub(crate) fn new(raw: String, deadline: Millis) -> Self {
+        Self { raw, deadline }
+    }
+}
+
+/// One page of overdue orders.
+#[derive(Debug, Default)]
+pub struct OverduePage {
+    /// The orders, with their deadlines.
+    pub orders: Vec<(OrderKey, Millis)>,
+    /// Where the next page starts; `None` when no row was read.
+    pub next: Option<Cursor>,
+    /// Whether the page read as many rows as asked: more may follow. Judged
+    /// by the rows read, not the orders kept, so that unreadable ids do not
+    /// end a sweep early.
+    pub full: bool,
+    /// The rows read whose id is no order key: passed over.
+    pub unreadable: Unreadable,
+}
+
+/// Rows whose id the service cannot read, by reason ([`OrderKey::fault`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// How many, by reason.
+    pub counts: BTreeMap<&'static str, u64>,
+    /// The first one met, escaped and truncated, for the log.
+    pub sample: Option<String>,
+}
+
+impl Unreadable {
+    /// Counts one row whose id `raw` is unreadable for `reason`.
+    pub fn add(&mut self, reason: &'static str, raw: &str) {
+        *self.counts.entry(reason).or_default() += 1;
+        if self.sample.is_none() {
+            // Escaped before truncating: no control character reaches the log.
+            let escaped = raw.escape_debug().to_string();
+            self.sample = Some(crate::domain::truncate(&escaped, 64));
+        }
+    }
+
+    /// Adds another page's.
+    pub fn merge(&mut self, other: Unreadable) {
+        for (reason, n) in other.counts {
+            *self.counts.entry(reason).or_default() += n;
+        }
+        if self.sample.is_none() {
+            self.sample = other.sample;
+        }
+    }
+
+    /// How many rows in all.
+    pub fn total(&self) -> u64 {
+        self.counts.values().sum()
     }
 }
 

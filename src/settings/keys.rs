@@ -401,6 +401,25 @@ const HTTP: &[Key] = &[
         secret: None,
     },
     Key {
+        name: "http.idempotency_retention",
+        doc: "How long an Idempotency-Key is kept; an older key is used anew (1s to 365d).",
+        // A retry comes within minutes; kept forever, keys only grow the table.
+        default: "24h",
+        read: |k, v, s| {
+            set(
+                &mut s.http.idempotency_retention,
+                parse_duration(
+                    k,
+                    v,
+                    Duration::from_secs(1),
+                    Duration::from_secs(365 * 86_400),
+                ),
+            )
+        },
+        show: |s| time(s.http.idempotency_retention),
+        secret: None,
+    },
+    Key {
         name: "http.max_connections",
         doc: "Most open connections; at the cap the server stops accepting (1 to 1000000).",
         default: "1024",
@@ -917,6 +936,7 @@ impl Settings {
                 protect_operations: false,
                 header_read_timeout: Duration::ZERO,
                 request_timeout: Duration::ZERO,
+                idempotency_retention: Duration::ZERO,
                 max_connections: 0,
                 max_in_flight: 0,
             },

@@ -204,6 +204,9 @@ pub struct HttpSettings {
     pub header_read_timeout: Duration,
     /// How long a request may take before it is answered 503 and dropped.
     pub request_timeout: Duration,
+    /// How long an `Idempotency-Key` is kept: an older one is treated as new,
+    /// and the cleaner deletes it.
+    pub idempotency_retention: Duration,
     /// Most open connections; at the cap the server stops accepting.
     pub max_connections: usize,
     /// Most requests handled at once; beyond it, 503 with `Retry-After`.

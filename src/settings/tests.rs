@@ -503,6 +503,7 @@ fn another_value(key: &str, ca_file: &str) -> String {
         "http.protect_operations" => "true",
         "http.header_read_timeout" => "10s",
         "http.request_timeout" => "10s",
+        "http.idempotency_retention" => "2h",
         "http.max_connections" => "7",
         "http.max_in_flight" => "7",
         "windows.payment" => "15m",

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use sea_orm::ConnectionTrait;
+
 use crate::helpers::*;
 
 async fn one_message_wakes_every_due_order(backend: Backend, mode: DelayMode) {
@@ -46,3 +48,56 @@ async fn one_message_wakes_every_due_order(backend: Backend, mode: DelayMode) {
 }
 
 matrix!(one_message_wakes_every_due_order);
+
+/// An order the database refused once (here a trigger; in production a
+/// deadlock or a lock timeout) is passed over by catch-ups for a while only:
+/// once the refusal is gone, a later catch-up applies it, although its own
+/// message never comes and the sweeper is off.
+async fn a_refused_order_is_tried_again_later(backend: Backend) {
+    let app = spawn_app(
+        Spawn::new(backend, DelayMode::Ttl).env("ORDER_TIMEOUT__RELAY__ENABLED", "false"),
+    )
+    .await;
+    app.put_stock("A", 100).await;
+    let refused = app.order(&[("A", 1)], "1s").await;
+    let woken = app.order(&[("A", 1)], "1s").await;
+    let caught = app.order(&[("A", 1)], "1s").await;
+    let db = app.ctx.db.clone();
+    let on = "BEFORE UPDATE ON orders";
+    let condition = format!("OLD.id = {refused}");
+    refusing_trigger(&db, backend, "refuse_once", on, &condition, "test: refused").await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    app.publish_timeout(&woken, "payment", 1).await;
+    app.wait_status(&woken, "cancelled", Duration::from_secs(10))
+        .await;
+    // Applied by the catch-up in the round that met the refusal.
+    app.wait_status(&caught, "cancelled", Duration::from_secs(10))
+        .await;
+    assert_eq!(app.get_order(&refused).await["status"], "pending_payment");
+    let drop = match backend {
+        Backend::Postgres => "DROP FUNCTION refuse_once() CASCADE",
+        _ => "DROP TRIGGER refuse_once",
+    };
+    db.execute_unprepared(drop).await.unwrap();
+    // The next catch-up comes with the next due message, after the refusal
+    // is forgotten (30 s).
+    let later = app.order(&[("A", 1)], "32s").await;
+    app.publish_timeout(&later, "payment", 32_000).await;
+    app.wait_status(&later, "cancelled", Duration::from_secs(60))
+        .await;
+    let order = app
+        .wait_status(&refused, "cancelled", Duration::from_secs(10))
+        .await;
+    assert!(ms(&order, "cancelled_at") >= ms(&order, "pay_deadline"));
+    assert_eq!(app.stock("A").await["reserved"], 0, "released once each");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_order_is_tried_again_later_sqlite() {
+    a_refused_order_is_tried_again_later(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_order_is_tried_again_later_postgres() {
+    a_refused_order_is_tried_again_later(Backend::Postgres).await
+}

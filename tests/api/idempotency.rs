@@ -7,6 +7,9 @@ use std::time::Duration;
 use reqwest::header::HeaderValue;
 use serde_json::{Value, json};
 
+use order_timeout::db::entities::idempotency_keys;
+use sea_orm::{EntityTrait, PaginatorTrait};
+
 use crate::helpers::*;
 
 matrix!(a_retry_gets_the_same_order);
@@ -23,9 +26,18 @@ async fn post_order(
     key: Option<&[u8]>,
     body: &str,
 ) -> (u16, Option<String>, String) {
-    let mut request = app
-        .http
-        .post(format!("{}/orders", app.base))
+    post_order_as(&app.http, &app.base, key, body).await
+}
+
+/// A raw checkout by the caller whose client this is.
+async fn post_order_as(
+    http: &reqwest::Client,
+    base: &str,
+    key: Option<&[u8]>,
+    body: &str,
+) -> (u16, Option<String>, String) {
+    let mut request = http
+        .post(format!("{base}/orders"))
         .header("content-type", "application/json")
         .body(body.to_string());
     if let Some(key) = key {
@@ -258,4 +270,174 @@ async fn bad_keys_are_refused() {
         assert_eq!((status, replayed), (201, None), "{text}");
     }
     assert_eq!(app.stock("A").await["reserved"], 3);
+}
+
+/// The id of a checkout's answer.
+fn id_of(body: &str) -> String {
+    let order: Value = serde_json::from_str(body).unwrap();
+    order["id"].as_str().unwrap().to_string()
+}
+
+/// Two storefronts (two checkout tokens) using the same key get two orders,
+/// whatever their requests; each one's retry replays its own order. The
+/// database keeps a hash of each token, never the token.
+async fn keys_belong_to_their_caller(backend: Backend) {
+    let (a, b) = (new_token("shop-a"), new_token("shop-b"));
+    let app = spawn_app(
+        Spawn::new(backend, DelayMode::Ttl)
+            .env("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", format!("{a},{b}")),
+    )
+    .await;
+    app.put_stock("A", 10).await;
+    let (shop_a, shop_b) = (api_client(Some(&a)), api_client(Some(&b)));
+    let key = Some(b"cart-1001".as_slice());
+    let one = r#"{"items": [{"sku": "A", "quantity": 1}]}"#;
+    let two = r#"{"items": [{"sku": "A", "quantity": 2}]}"#;
+
+    let (status, replayed, first_a) = post_order_as(&shop_a, &app.base, key, one).await;
+    assert_eq!((status, replayed), (201, None), "{first_a}");
+    // The same request from the other storefront: its own order, no replay.
+    let (status, replayed, first_b) = post_order_as(&shop_b, &app.base, key, one).await;
+    assert_eq!((status, replayed), (201, None), "{first_b}");
+    assert_ne!(id_of(&first_a), id_of(&first_b));
+    // Each one's retry replays its own order.
+    for (shop, first) in [(&shop_a, &first_a), (&shop_b, &first_b)] {
+        let (status, replayed, again) = post_order_as(shop, &app.base, key, one).await;
+        assert_eq!(
+            (status, replayed.as_deref()),
+            (201, Some("true")),
+            "{again}"
+        );
+        assert_eq!(&again, first);
+    }
+    // Another request under the key is refused to its owner only.
+    let (status, _, _) = post_order_as(&shop_a, &app.base, key, two).await;
+    assert_eq!(status, 422);
+    let (status, replayed, third) = post_order_as(&app.http, &app.base, key, two).await;
+    assert_eq!(
+        (status, replayed),
+        (201, None),
+        "the admin token is a third caller: {third}"
+    );
+    assert_eq!(app.stock("A").await["reserved"], 4);
+
+    let rows = idempotency_keys::Entity::find()
+        .all(&app.ctx.db)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        assert_eq!(row.scope.len(), 64, "{}", row.scope);
+        assert!(row.scope.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert!(!row.scope.contains(&a) && !row.scope.contains(&b));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_belong_to_their_caller_sqlite() {
+    keys_belong_to_their_caller(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_belong_to_their_caller_postgres() {
+    keys_belong_to_their_caller(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_belong_to_their_caller_mariadb() {
+    keys_belong_to_their_caller(Backend::MariaDb).await
+}
+
+/// With a one-second retention, the cleaner deletes a used key and the key
+/// then makes a new order instead of replaying the old one.
+async fn expired_keys_are_deleted_and_used_anew(backend: Backend) {
+    let app = spawn_app(
+        Spawn::new(backend, DelayMode::Ttl).env("ORDER_TIMEOUT__HTTP__IDEMPOTENCY_RETENTION", "1s"),
+    )
+    .await;
+    app.put_stock("A", 10).await;
+    let key = Some(b"cart-7".as_slice());
+    let body = r#"{"items": [{"sku": "A", "quantity": 1}]}"#;
+    let (status, replayed, first) = post_order(&app, key, body).await;
+    assert_eq!((status, replayed), (201, None), "{first}");
+    let db = app.ctx.db.clone();
+    wait_until(
+        Duration::from_secs(15),
+        "the cleaner deletes the expired key",
+        || {
+            let db = db.clone();
+            async move {
+                let left = idempotency_keys::Entity::find().count(&db).await.unwrap();
+                (left == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    let (status, replayed, second) = post_order(&app, key, body).await;
+    assert_eq!((status, replayed), (201, None), "{second}");
+    assert_ne!(id_of(&first), id_of(&second));
+    assert_eq!(app.stock("A").await["reserved"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_keys_are_deleted_and_used_anew_sqlite() {
+    expired_keys_are_deleted_and_used_anew(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_keys_are_deleted_and_used_anew_postgres() {
+    expired_keys_are_deleted_and_used_anew(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_keys_are_deleted_and_used_anew_mariadb() {
+    expired_keys_are_deleted_and_used_anew(Backend::MariaDb).await
+}
+
+/// The scoping migration goes down (one row per key kept, in the old shape)
+/// and up again (the rows written before it get the scope `unscoped`, so they
+/// replay to no one).
+async fn the_scoping_migration_goes_down_and_up(backend: Backend) {
+    use migrations::{Migrator, MigratorTrait};
+    use sea_orm::{ConnectionTrait, Statement};
+    let app = spawn_app(Spawn::new(backend, DelayMode::Ttl)).await;
+    app.put_stock("A", 10).await;
+    let body = r#"{"items": [{"sku": "A", "quantity": 1}]}"#;
+    let (status, _, first) = post_order(&app, Some(b"before-down"), body).await;
+    assert_eq!(status, 201, "{first}");
+    let db = &app.ctx.db;
+    Migrator::down(db, Some(1)).await.unwrap();
+    let count = |sql: &'static str| async move {
+        let row = db
+            .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<i64>(0).unwrap()
+    };
+    assert_eq!(count("SELECT COUNT(*) FROM idempotency_keys").await, 1);
+    Migrator::up(db, None).await.unwrap();
+    assert_eq!(
+        count("SELECT COUNT(*) FROM idempotency_keys WHERE scope = 'unscoped'").await,
+        1
+    );
+    // A key from before scoping is no one's: the same key makes a new order.
+    let (status, replayed, again) = post_order(&app, Some(b"before-down"), body).await;
+    assert_eq!((status, replayed), (201, None), "{again}");
+    assert_ne!(id_of(&first), id_of(&again));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scoping_migration_goes_down_and_up_sqlite() {
+    the_scoping_migration_goes_down_and_up(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scoping_migration_goes_down_and_up_postgres() {
+    the_scoping_migration_goes_down_and_up(Backend::Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scoping_migration_goes_down_and_up_mariadb() {
+    the_scoping_migration_goes_down_and_up(Backend::MariaDb).await
 }

@@ -1287,3 +1287,81 @@ async fn mapped_catch_up_mariadb_ttl() {
 async fn mapped_catch_up_postgres_plugin() {
     run(Backend::Postgres, DelayMode::Plugin, mapped_catch_up).await
 }
+
+// ------------------------------------------- ids the service cannot read
+
+/// A text-keyed table whose overdue rows include ids the service cannot
+/// read (empty, surrounding blanks, a newline, 300 characters), sorted
+/// between three pages of good ones: one sweep round cancels every good row
+/// (pages follow the rows read, not the rows kept), the bad ones are counted
+/// by reason, and `doctor` says how many the table has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_ids_do_not_stop_the_sweep() {
+    let app = spawn_app(
+        Spawn::new(Backend::Postgres, DelayMode::Ttl)
+            .setup(&[
+                "CREATE TABLE text_orders (id TEXT PRIMARY KEY, state TEXT NOT NULL, \
+                 pay_by TIMESTAMPTZ NOT NULL, closed_at TIMESTAMPTZ)",
+            ])
+            .env("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped")
+            .env("ORDER_TIMEOUT__MAPPING__TABLE", "text_orders")
+            .env("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "state")
+            .env("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "closed_at")
+            .env("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "awaiting_payment")
+            .env("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "cancelled")
+            .env("ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN", "pay_by")
+            .env("ORDER_TIMEOUT__SWEEPER__GRACE", "0s")
+            .env("ORDER_TIMEOUT__SWEEPER__BATCH_SIZE", "5"),
+    )
+    .await;
+    let shop = Shop::open(&app, Backend::Postgres).await;
+    let good: Vec<String> = (1..=12).map(|n| format!("g{n:03}")).collect();
+    let long = format!("g006{}", "x".repeat(296));
+    let bad = ["", " 12 ", "g003\nx", long.as_str()];
+    for id in good.iter().map(String::as_str).chain(bad) {
+        shop.exec(
+            "INSERT INTO text_orders (id, state, pay_by) \
+             VALUES (?, 'awaiting_payment', CURRENT_TIMESTAMP - INTERVAL '1 hour')",
+            vec![id.into()],
+        )
+        .await;
+    }
+    let now = order_timeout::db::clock::now(&app.ctx.db).await.unwrap();
+    let caught = order_timeout::sweeper::sweep(&app.ctx, now).await.unwrap();
+    assert_eq!(caught, 12, "every good row in one round");
+    assert_eq!(
+        shop.one(
+            "SELECT CAST(COUNT(*) AS TEXT) FROM text_orders WHERE state = 'cancelled'",
+            vec![]
+        )
+        .await,
+        "12"
+    );
+    for reason in [
+        "empty",
+        "surrounding_blanks",
+        "control_characters",
+        "too_long",
+    ] {
+        let label = format!("reason=\"{reason}\"");
+        assert_eq!(
+            app.metric(
+                "order_timeout_unreadable_ids_total",
+                &["kind=\"payment\"", &label]
+            )
+            .await,
+            1.0,
+            "{reason}"
+        );
+    }
+    let out = Command::new(BIN)
+        .arg("doctor")
+        .envs(app.env.clone())
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("4 row(s) have an id the service cannot read"),
+        "{report}"
+    );
+}

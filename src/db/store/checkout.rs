@@ -10,7 +10,9 @@ use super::*;
 /// With an idempotency key, the key is written in the same transaction, so an
 /// order exists with its key or not at all; a key used before answers
 /// [`CheckoutError::Replay`] or [`CheckoutError::KeyReused`] and reserves
-/// nothing. A refused checkout keeps no key: it may be retried with it.
+/// nothing. A refused checkout keeps no key: it may be retried with it. Keys
+/// are the caller's ([`IdempotencyKey::scope`]), and one older than its
+/// retention is claimed anew, as if it had never been used.
 pub async fn checkout(
     db: &DatabaseConnection,
     items: &[NewItem],
@@ -139,7 +141,17 @@ async fn claim_key(
     key: &IdempotencyKey,
     now: Millis,
 ) -> Result<bool, DbErr> {
+    // A key past its retention is new again, whether or not the cleaner has
+    // deleted it yet. Deleted in this transaction, so a concurrent checkout
+    // with the same key waits on the row, then claims or finds it taken.
+    idempotency_keys::Entity::delete_many()
+        .filter(idempotency_keys::Column::Scope.eq(key.scope.as_str()))
+        .filter(idempotency_keys::Column::Key.eq(key.key.as_str()))
+        .filter(idempotency_keys::Column::CreatedAtMs.lt(now.minus(key.retention).0))
+        .exec(txn)
+        .await?;
     let row = idempotency_keys::ActiveModel {
+        scope: Set(key.scope.clone()),
         key: Set(key.key.clone()),
         order_id: Set(None),
         request: Set(key.request.clone()),
@@ -166,16 +178,52 @@ async fn settle_key(
     idempotency_keys::Entity::update_many()
         .col_expr(idempotency_keys::Column::OrderId, Expr::value(order.get()))
         .col_expr(idempotency_keys::Column::Answer, Expr::value(answer))
+        .filter(idempotency_keys::Column::Scope.eq(key.scope.as_str()))
         .filter(idempotency_keys::Column::Key.eq(key.key.as_str()))
         .exec(txn)
         .await?;
     Ok(())
 }
 
+/// Deletes at most `batch` idempotency keys written before `before`, oldest
+/// first; the number deleted (fewer than `batch`: none are left). Bounded so
+/// that a backlog (the first run after an upgrade) never holds long locks.
+pub async fn delete_expired_keys(
+    db: &DatabaseConnection,
+    before: Millis,
+    batch: u64,
+) -> Result<u64, DbErr> {
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        // MariaDB takes no LIMIT in an IN subquery, but a DELETE's own.
+        DbBackend::MySql => format!(
+            "DELETE FROM idempotency_keys WHERE created_at_ms < ? \
+             ORDER BY created_at_ms LIMIT {batch}"
+        ),
+        // SQLite's DELETE … LIMIT is a compile-time option; the row id is not.
+        DbBackend::Sqlite => format!(
+            "DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM idempotency_keys \
+             WHERE created_at_ms < ? ORDER BY created_at_ms LIMIT {batch})"
+        ),
+        _ => format!(
+            "DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid FROM idempotency_keys \
+             WHERE created_at_ms < $1 ORDER BY created_at_ms LIMIT {batch})"
+        ),
+    };
+    let done = db
+        .execute_raw(Statement::from_sql_and_values(
+            backend,
+            sql,
+            [before.0.into()],
+        ))
+        .await?;
+    Ok(done.rows_affected())
+}
+
 /// What a taken key was used for, read after the claim failed (the checkout
 /// that holds it has committed: a claim waits for it).
 async fn key_used(db: &DatabaseConnection, key: &IdempotencyKey) -> Result<CheckoutError, DbErr> {
-    let row = idempotency_keys::Entity::find_by_id(key.key.clone())
+    let row = idempotency_keys::Entity::find_by_id((key.scope.clone(), key.key.clone()))
         .one(db)
         .await?
         .ok_or_else(|| DbErr::Custom("an idempotency key vanished after a conflict".into()))?;

@@ -38,8 +38,8 @@ mod reads;
 mod stock;
 
 pub use actions::{Deadline, act, act_during};
-pub use checkout::checkout;
 use checkout::enqueue;
+pub use checkout::{checkout, delete_expired_keys};
 use expiry::apply_expiry;
 pub use expiry::{Backlog, applied_earlier, backlog, expire, overdue, probe};
 pub use publishing::{
@@ -66,8 +66,14 @@ pub struct NewItem {
 /// the caller words the answer a retry with the key gets again.
 #[derive(Debug, Clone)]
 pub struct IdempotencyKey {
+    /// Whose key it is ([`crate::auth::Caller::scope`]): the same key of two
+    /// callers is two keys.
+    pub scope: String,
     /// The client's key (1 to 255 visible ASCII characters, checked by the API).
     pub key: String,
+    /// How long a key is kept (`http.idempotency_retention`): an older one is
+    /// used anew.
+    pub retention: Duration,
     /// The validated request in a canonical form: the effective window in
     /// milliseconds, then `sku*quantity` per line in SKU order, for example
     /// `window=900000ms items=A*2,B*1`. Stored as is (no hash: it is short,
@@ -84,7 +90,9 @@ impl IdempotencyKey {
     /// The key of a checkout of `items` with this effective payment `window`,
     /// whose order is answered as `answer` words it.
     pub fn new(
+        scope: String,
         key: String,
+        retention: Duration,
         items: &[NewItem],
         window: Duration,
         answer: fn(&Order) -> Result<String, serde_json::Error>,
@@ -96,7 +104,9 @@ impl IdempotencyKey {
         lines.sort();
         let request = format!("window={}ms items={}", window.as_millis(), lines.join(","));
         Self {
+            scope,
             key,
+            retention,
             request,
             answer,
         }

@@ -84,7 +84,14 @@ async fn a_key_replays_its_first_answer_and_refuses_another_request() {
     put_stock(&db, "A", 5, now).await.unwrap();
     let answer = |o: &Order| Ok(format!("order {} v{}", o.id, o.version));
     let items = [line("A", 1)];
-    let key = IdempotencyKey::new("k1".into(), &items, Duration::from_secs(1), answer);
+    let key = IdempotencyKey::new(
+        "anonymous".into(),
+        "k1".into(),
+        Duration::from_secs(86_400),
+        &items,
+        Duration::from_secs(1),
+        answer,
+    );
     let first = checkout(&db, &items, Duration::from_secs(1), now, Some(&key))
         .await
         .unwrap();
@@ -95,7 +102,14 @@ async fn a_key_replays_its_first_answer_and_refuses_another_request() {
         }
         other => panic!("expected a replay, got {other:?}"),
     }
-    let other = IdempotencyKey::new("k1".into(), &[line("A", 2)], Duration::from_secs(1), answer);
+    let other = IdempotencyKey::new(
+        "anonymous".into(),
+        "k1".into(),
+        Duration::from_secs(86_400),
+        &[line("A", 2)],
+        Duration::from_secs(1),
+        answer,
+    );
     assert!(matches!(
         checkout(
             &db,

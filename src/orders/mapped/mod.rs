@@ -27,11 +27,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait, Value,
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement, TransactionTrait,
+    Value,
 };
 
+use super::{Cursor, OverduePage};
 use crate::db::store::{Backlog, Cause, ExpiryOutcome, LIST_CHUNK};
-use crate::domain::{Millis, OrderKey, TimeoutKind};
+use crate::domain::{MAX_ORDER_KEY_BYTES, Millis, OrderKey, TimeoutKind};
 pub use schema::MappingError;
 use sql::{Clock, Dialect, Sql, Ty};
 
@@ -189,13 +191,18 @@ impl Mapped {
     /// The value binding an id (already [`accept`](Self::accept)ed) for a
     /// column of type `ty`.
     fn key_value(&self, key: &OrderKey, ty: &Ty) -> Value {
+        self.raw_value(key.as_str(), ty)
+    }
+
+    /// An id as the database spelled it, bound as its column's type.
+    fn raw_value(&self, raw: &str, ty: &Ty) -> Value {
         match (ty, self.dialect) {
-            (Ty::Int, _) => Value::from(key.as_str().parse::<i64>().unwrap_or(i64::MIN)),
-            (Ty::Uuid, Dialect::Postgres) => match uuid::Uuid::parse_str(key.as_str()) {
+            (Ty::Int, _) => Value::from(raw.parse::<i64>().unwrap_or(i64::MIN)),
+            (Ty::Uuid, Dialect::Postgres) => match uuid::Uuid::parse_str(raw) {
                 Ok(u) => Value::from(u),
-                Err(_) => Value::from(key.as_str()),
+                Err(_) => Value::from(raw),
             },
-            _ => Value::from(key.as_str()),
+            _ => Value::from(raw),
         }
     }
 
@@ -563,11 +570,11 @@ impl Mapped {
         kind: TimeoutKind,
         now: Millis,
         grace: Duration,
-        after: Option<&OrderKey>,
+        after: Option<&str>,
         limit: u64,
-    ) -> Result<Vec<(OrderKey, Millis)>, DbErr> {
+    ) -> Result<OverduePage, DbErr> {
         let Some(k) = self.kind(kind) else {
-            return Ok(Vec::new());
+            return Ok(OverduePage::default());
         };
         let d = self.dialect;
         let clock = self.clock.now(&k.deadline_ty);
@@ -590,18 +597,59 @@ impl Mapped {
         }
         if let Some(after) = after {
             sql.push(&format!(" AND {} > ", self.id))
-                .bind(self.key_value(after, &self.id_ty));
+                .bind(self.raw_value(after, &self.id_ty));
         }
         sql.push(&format!(" ORDER BY {} LIMIT {limit}", self.id));
-        let mut page = Vec::new();
-        for row in db.query_all_raw(sql.build()).await? {
+        let rows = db.query_all_raw(sql.build()).await?;
+        let mut page = OverduePage {
+            full: rows.len() as u64 >= limit,
+            ..OverduePage::default()
+        };
+        for row in rows {
             let id: String = row.try_get_by_index(0)?;
             let remaining: i64 = row.try_get_by_index(1)?;
-            if let Ok(key) = OrderKey::parse(&id) {
-                page.push((key, Millis(now.0.saturating_add(remaining))));
+            let deadline = Millis(now.0.saturating_add(remaining));
+            // An id the service cannot read is passed over, counted and told
+            // by the caller; the page still continues after it.
+            match OrderKey::fault(&id) {
+                Some(reason) => page.unreadable.add(reason, &id),
+                None => page
+                    .orders
+                    .push((OrderKey::parse(&id).map_err(DbErr::Custom)?, deadline)),
             }
+            page.next = Some(Cursor::new(id, deadline));
         }
         Ok(page)
+    }
+
+    /// How many rows of the table have an id the service cannot read
+    /// ([`OrderKey::fault`]), whatever their status; `None` when the id
+    /// column is not text (any integer or UUID is readable).
+    pub async fn unreadable_ids(&self, db: &DatabaseConnection) -> Result<Option<u64>, DbErr> {
+        if self.id_ty != Ty::Text {
+            return Ok(None);
+        }
+        let id = &self.id;
+        let control = match self.dialect {
+            Dialect::Postgres => format!("{id} ~ '[[:cntrl:]]'"),
+            Dialect::MySql => format!("{id} REGEXP '[[:cntrl:]]'"),
+        };
+        // Lengths, not comparisons: MariaDB's PAD SPACE collations find
+        // 'a ' equal to 'a'.
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE CHAR_LENGTH({id}) = 0 \
+             OR CHAR_LENGTH({id}) <> CHAR_LENGTH(TRIM({id})) \
+             OR OCTET_LENGTH({id}) > {MAX_ORDER_KEY_BYTES} OR {control}",
+            self.table
+        );
+        let row = db
+            .query_one_raw(Statement::from_string(self.dialect.backend(), sql))
+            .await?;
+        let n: i64 = match row {
+            Some(row) => row.try_get_by_index(0)?,
+            None => 0,
+        };
+        Ok(Some(u64::try_from(n).unwrap_or(0)))
     }
 
     /// The orders waiting for a timeout of `kind`, overdue meaning past the
