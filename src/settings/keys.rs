@@ -201,6 +201,23 @@ const AMQP: &[Key] = &[
         secret: Some(Secret::new),
     },
     Key {
+        name: "amqp.connect_timeout",
+        doc: "Time to open a connection to one address of amqp.url, TCP and AMQP handshake (100ms to 10m).",
+        // A node that drops SYNs costs the OS's ~2 minutes per try, and one that
+        // accepts TCP but never speaks AMQP would hang a reconnect for ever (lapin
+        // ignores the URL's connection_timeout): past this, the next address is
+        // tried. A broker a few milliseconds away answers in well under a second.
+        default: "5s",
+        read: |k, v, s| {
+            set(
+                &mut s.amqp.connect_timeout,
+                parse_duration(k, v, Duration::from_millis(100), Duration::from_secs(600)),
+            )
+        },
+        show: |s| time(s.amqp.connect_timeout),
+        secret: None,
+    },
+    Key {
         name: "amqp.prefix",
         doc: "Name of the entry exchange; every other exchange and queue is PREFIX.ROLE (A-Z a-z 0-9 . - _ :).",
         default: "order.timeouts",
@@ -873,6 +890,7 @@ impl Settings {
             },
             amqp: AmqpSettings {
                 url: unset(),
+                connect_timeout: Duration::ZERO,
                 prefix: String::new(),
                 delay_mode: DelayMode::Auto,
                 prefetch: 0,

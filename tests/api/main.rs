@@ -49,6 +49,7 @@ macro_rules! each_mode {
 
 // By concern:
 mod auth; // who may call what, tokens never logged
+mod broker_limits; // silent broker nodes, padded and oversized bodies
 mod catch_up; // one due delivery applies every order of its kind already due
 mod clocks; // the database's clock decides, whatever an instance's host clock says
 mod control; // pause and resume each role while running; ctl
