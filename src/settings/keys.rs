@@ -243,6 +243,8 @@ const AMQP: &[Key] = &[
         doc: "Unacked deliveries per timeout consumer, 1 to 65535; keep it above rate × consumer.hold_max.",
         // Early messages (up to `consumer.hold_max`) are held unacked, so prefetch
         // must exceed rate × hold: 10,000 carries 10,000/s with a 1 s hold.
+        // Memory: the router and the relay put canonical bodies (under 1 KiB)
+        // into the delay stage, so 10,000 held cost about 10 MiB.
         default: "10000",
         read: |k, v, s| set(&mut s.amqp.prefetch, parse_range(k, v, 1, 65535)),
         show: |s| s.amqp.prefetch.to_string(),
@@ -253,8 +255,11 @@ const AMQP: &[Key] = &[
         doc: "Deliveries the router may have in flight awaiting the broker's confirm, 1 to 65535.",
         // The router needs no hold: its window only has to cover the broker's
         // confirm round trip. Larger windows cost memory, not speed (measured with
-        // `bench --million`).
-        default: "1000",
+        // `bench --million`). Memory: lapin holds each delivery whole before the
+        // size check, so the window costs up to router_prefetch × the broker's
+        // max_message_size: 256 × 128 KiB (rabbitmq/rabbitmq.conf) = 32 MiB, and
+        // 256 × 16 MiB (RabbitMQ 4's default) = 4 GiB on a broker left unbounded.
+        default: "256",
         read: |k, v, s| set(&mut s.amqp.router_prefetch, parse_range(k, v, 1, 65535)),
         show: |s| s.amqp.router_prefetch.to_string(),
         secret: None,
