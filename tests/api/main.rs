@@ -58,6 +58,7 @@ mod dashboard; // the Grafana dashboard's queries name real metrics
 mod encodings; // x-delay: the type each publisher example sends, every integer type read
 mod events; // domain events: each committed transition told once, consumer examples
 mod examples; // publishers in other languages (Python, Node, curl)
+mod fuzz_entry; // generated messages at the entry: each scheduled or parked, none lost
 mod gauges; // pending and overdue orders read from the database; broker roles connected
 mod hardening; // failure paths a well-formed flow never reaches
 mod hostile_input; // garbage on the AMQP side is parked, consumption goes on
