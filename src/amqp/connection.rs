@@ -9,7 +9,7 @@ use lapin::options::{BasicQosOptions, ConfirmSelectOptions};
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
-use crate::settings::AmqpSettings;
+use crate::settings::{AmqpSettings, redact_url};
 
 /// Opens a connection whose name shows in the management UI as
 /// `order-timeout <instance> <role>`, so operators (and tests) can tell ours apart.
@@ -74,8 +74,36 @@ pub async fn connect_to_address(
         identity: None,
         cert_chain: settings.tls_ca_pem.clone(),
     };
-    Connection::connect_with_config(address, properties, tls, lapin::runtime::default_runtime()?)
-        .await
+    let connect = Connection::connect_with_config(
+        address,
+        properties,
+        tls,
+        lapin::runtime::default_runtime()?,
+    );
+    // lapin's connect has no deadline of its own (it ignores the URL's
+    // `connection_timeout`): a node that drops SYNs would cost the OS's
+    // ~2 minutes, one that accepts TCP and never speaks AMQP for ever, and the
+    // role's reconnect with it. Past the deadline this address counts as down.
+    let limit = settings.connect_timeout;
+    match tokio::time::timeout(limit, connect).await {
+        Ok(connected) => connected,
+        Err(_) => Err(connect_timed_out(address, limit)),
+    }
+}
+
+/// The error of a connect that took longer than `amqp.connect_timeout`,
+/// naming the address (without its password) since it is logged and shown by
+/// `doctor`.
+fn connect_timed_out(address: &str, limit: Duration) -> lapin::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "{}: no AMQP connection within {} (amqp.connect_timeout): TCP connect or handshake timed out",
+            redact_url(address),
+            humantime::format_duration(limit)
+        ),
+    )
+    .into()
 }
 
 /// The client-provided name of a connection of this instance.

@@ -77,12 +77,18 @@ pub async fn park_delivery(
         delivery.routing_key.as_str(),
         Millis::now(),
     );
+    // An oversized body is kept cut, with its size: whole, a flood of them
+    // would push the earlier parked messages out of the queue's byte bound.
+    let (body, properties) = match wire::parked_body(&delivery.data) {
+        (body, Some(size)) => (body, wire::with_original_size(properties, size)),
+        (body, None) => (body, properties),
+    };
     let parked = ctx.names.parked();
     publish_confirmed(
         channel,
         &parked,
         delivery.routing_key.as_str(),
-        &delivery.data,
+        body,
         properties,
     )
     .await?;

@@ -41,6 +41,11 @@ pub struct Route {
     pub kind: TimeoutKind,
     /// The validated delay, written back as the `x-delay` the stage reads.
     pub delay_ms: u64,
+    /// The canonical body (`wire::encode` of what was validated), not the
+    /// publisher's bytes: unknown fields and padding stay behind, so what waits
+    /// in the delay stage and what consumers hold up to their prefetch is a
+    /// couple of hundred bytes, whatever the publisher sent.
+    pub body: Vec<u8>,
 }
 
 /// Decides where a message from the ingest queue goes, or why it is parked.
@@ -58,7 +63,7 @@ pub fn classify(
     let message = wire::decode(delivery.routing_key.as_str(), content_type, &delivery.data)
         .map_err(|p| (p, None))?;
     let kind = message.kind;
-    admit(&ctx.orders, message).map_err(|p| (p, Some(kind)))?;
+    let message = admit(&ctx.orders, message).map_err(|p| (p, Some(kind)))?;
     let delay_ms = wire::publish_delay(headers).map_err(|p| (p, Some(kind)))?;
     let (exchange, routing_key) = delay_route(&ctx.names, mode, kind, delay_ms);
     Ok(Route {
@@ -66,6 +71,7 @@ pub fn classify(
         routing_key,
         kind,
         delay_ms,
+        body: wire::encode(&message),
     })
 }
 
@@ -161,7 +167,7 @@ async fn route_one(
                 &publish,
                 &route.exchange,
                 &route.routing_key,
-                &delivery.data,
+                &route.body,
                 // The publisher's properties travel on (message_id, timestamp,
                 // headers), with `x-delay` written back as the 64-bit integer
                 // that was validated (the plugin delivers at once a delay whose

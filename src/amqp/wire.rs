@@ -20,6 +20,15 @@ pub const X_DELAY: &str = "x-delay";
 pub use crate::domain::MAX_DELAY_MS;
 /// Bodies larger than this are parked unread; a valid one is under 200 bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// How much of an oversized body ([`MAX_BODY_BYTES`]) its parked copy
+/// keeps: enough to see what it was, while the parked queue's 1 GiB bound
+/// (`x-max-length-bytes`, oldest dropped first) holds about a million of them
+/// instead of sixteen thousand, so a flood of large bodies does not push the
+/// earlier parked messages out.
+pub const PARKED_KEEP_BYTES: usize = 1024;
+/// A parked copy whose body was cut to [`PARKED_KEEP_BYTES`] carries the
+/// original body's size in bytes here.
+pub const X_ORIGINAL_SIZE: &str = "x-original-size";
 /// Our own count of how many times a message was re-delayed because it came early.
 pub const X_REDELAYS: &str = "x-order-timeout-redelays";
 /// Parked messages carry the reason code here ...
@@ -434,6 +443,28 @@ pub fn parked_properties(
     forwardable(original, headers)
 }
 
+/// The body a parked copy carries: the whole body up to [`MAX_BODY_BYTES`],
+/// else its first [`PARKED_KEEP_BYTES`] and the original size, which goes in
+/// [`X_ORIGINAL_SIZE`].
+pub fn parked_body(body: &[u8]) -> (&[u8], Option<usize>) {
+    if body.len() > MAX_BODY_BYTES {
+        (&body[..PARKED_KEEP_BYTES], Some(body.len()))
+    } else {
+        (body, None)
+    }
+}
+
+/// [`parked_properties`] of a copy whose body was cut: the original size
+/// added as a 64-bit integer header.
+pub fn with_original_size(properties: BasicProperties, size: usize) -> BasicProperties {
+    let mut headers = headers_of(&properties);
+    headers.insert(
+        X_ORIGINAL_SIZE.into(),
+        AMQPValue::LongLongInt(i64::try_from(size).unwrap_or(i64::MAX)),
+    );
+    properties.with_headers(FieldTable::from(headers))
+}
+
 /// Reads a text header (long or short string).
 pub fn header_text(headers: Option<&FieldTable>, name: &str) -> Option<String> {
     match headers?.inner().get(name)? {
@@ -446,6 +477,28 @@ pub fn header_text(headers: Option<&FieldTable>, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversized_body_is_parked_cut_with_its_size() {
+        let small = vec![b'x'; MAX_BODY_BYTES];
+        assert_eq!(parked_body(&small), (&small[..], None));
+        let big = vec![b'x'; MAX_BODY_BYTES + 1];
+        let (kept, size) = parked_body(&big);
+        assert_eq!(
+            (kept.len(), size),
+            (PARKED_KEEP_BYTES, Some(MAX_BODY_BYTES + 1))
+        );
+        let p = with_original_size(BasicProperties::default().with_headers(delay_table(5)), 9);
+        let headers = p.headers().as_ref();
+        assert_eq!(header_int(headers, X_ORIGINAL_SIZE), Some(Ok(9)));
+        assert_eq!(header_int(headers, X_DELAY), Some(Ok(5)));
+    }
+
+    fn delay_table(ms: i64) -> FieldTable {
+        let mut t = FieldTable::default();
+        t.insert(X_DELAY.into(), AMQPValue::LongLongInt(ms));
+        t
+    }
 
     #[test]
     fn event_properties_are_json_persistent_with_the_stable_id() {

@@ -218,6 +218,23 @@ const AMQP: &[Key] = &[
         }),
     },
     Key {
+        name: "amqp.connect_timeout",
+        doc: "Time to open a connection to one address of amqp.url, TCP and AMQP handshake (100ms to 10m).",
+        // A node that drops SYNs costs the OS's ~2 minutes per try, and one that
+        // accepts TCP but never speaks AMQP would hang a reconnect for ever (lapin
+        // ignores the URL's connection_timeout): past this, the next address is
+        // tried. A broker a few milliseconds away answers in well under a second.
+        default: "5s",
+        read: |k, v, s| {
+            set(
+                &mut s.amqp.connect_timeout,
+                parse_duration(k, v, Duration::from_millis(100), Duration::from_secs(600)),
+            )
+        },
+        show: |s| time(s.amqp.connect_timeout),
+        secret: None,
+    },
+    Key {
         name: "amqp.prefix",
         doc: "Name of the entry exchange; every other exchange and queue is PREFIX.ROLE (A-Z a-z 0-9 . - _ :).",
         default: "order.timeouts",
@@ -243,6 +260,8 @@ const AMQP: &[Key] = &[
         doc: "Unacked deliveries per timeout consumer, 1 to 65535; keep it above rate × consumer.hold_max.",
         // Early messages (up to `consumer.hold_max`) are held unacked, so prefetch
         // must exceed rate × hold: 10,000 carries 10,000/s with a 1 s hold.
+        // Memory: the router and the relay put canonical bodies (under 1 KiB)
+        // into the delay stage, so 10,000 held cost about 10 MiB.
         default: "10000",
         read: |k, v, s| set(&mut s.amqp.prefetch, parse_range(k, v, 1, 65535)),
         show: |s| s.amqp.prefetch.to_string(),
@@ -253,8 +272,11 @@ const AMQP: &[Key] = &[
         doc: "Deliveries the router may have in flight awaiting the broker's confirm, 1 to 65535.",
         // The router needs no hold: its window only has to cover the broker's
         // confirm round trip. Larger windows cost memory, not speed (measured with
-        // `bench --million`).
-        default: "1000",
+        // `bench --million`). Memory: lapin holds each delivery whole before the
+        // size check, so the window costs up to router_prefetch × the broker's
+        // max_message_size: 256 × 128 KiB (rabbitmq/rabbitmq.conf) = 32 MiB, and
+        // 256 × 16 MiB (RabbitMQ 4's default) = 4 GiB on a broker left unbounded.
+        default: "256",
         read: |k, v, s| set(&mut s.amqp.router_prefetch, parse_range(k, v, 1, 65535)),
         show: |s| s.amqp.router_prefetch.to_string(),
         secret: None,
@@ -918,6 +940,7 @@ impl Settings {
             },
             amqp: AmqpSettings {
                 url: unset(),
+                connect_timeout: Duration::ZERO,
                 prefix: String::new(),
                 delay_mode: DelayMode::Auto,
                 prefetch: 0,

@@ -143,6 +143,9 @@ pub struct AmqpSettings {
     /// Broker URL, `amqp://` or `amqps://`; several, separated by commas,
     /// for the nodes of a cluster ([`AmqpSettings::addresses`]).
     pub url: Secret,
+    /// How long opening a connection to one address may take, TCP connect
+    /// and AMQP handshake together, before the next address is tried.
+    pub connect_timeout: Duration,
     /// The entry exchange's name; every other name is `<prefix>.<role>`.
     pub prefix: String,
     /// Which delay mechanism to use.

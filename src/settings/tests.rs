@@ -488,6 +488,7 @@ fn another_value(key: &str, ca_file: &str) -> String {
         "database.background_connections" => "6",
         "database.migrate_on_start" => "false",
         "amqp.url" => "amqp://shop:pw@mq.internal:5672/shop",
+        "amqp.connect_timeout" => "3s",
         "amqp.prefix" => "shop.timeouts",
         "amqp.delay_mode" => "ttl",
         "amqp.prefetch" => "9",

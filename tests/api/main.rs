@@ -49,6 +49,7 @@ macro_rules! each_mode {
 
 // By concern:
 mod auth; // who may call what, tokens never logged
+mod broker_limits; // silent broker nodes, padded and oversized bodies
 mod catch_up; // one due delivery applies every order of its kind already due
 mod clocks; // the database's clock decides, whatever an instance's host clock says
 mod control; // pause and resume each role while running; ctl
@@ -58,6 +59,7 @@ mod dashboard; // the Grafana dashboard's queries name real metrics
 mod encodings; // x-delay: the type each publisher example sends, every integer type read
 mod events; // domain events: each committed transition told once, consumer examples
 mod examples; // publishers in other languages (Python, Node, curl)
+mod fuzz_entry; // generated messages at the entry: each scheduled or parked, none lost
 mod gauges; // pending and overdue orders read from the database; broker roles connected
 mod hardening; // failure paths a well-formed flow never reaches
 mod hostile_input; // garbage on the AMQP side is parked, consumption goes on
