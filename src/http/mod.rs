@@ -387,7 +387,10 @@ async fn authenticate(State(ctx): State<Arc<Context>>, request: Request, next: N
         let access = Access::new(&live.http);
         let decision = access.check(need, authorization);
         // Whose request it is (a hash of its token): its idempotency keys are its own.
-        (decision, auth::Caller::of(access.has_tokens(), authorization))
+        (
+            decision,
+            auth::Caller::of(access.has_tokens(), authorization),
+        )
     };
     match decision {
         Ok(()) => {
