@@ -144,12 +144,28 @@ async fn claim_key(
     // A key past its retention is new again, whether or not the cleaner has
     // deleted it yet. Deleted in this transaction, so a concurrent checkout
     // with the same key waits on the row, then claims or finds it taken.
-    idempotency_keys::Entity::delete_many()
+    let expired = now.minus(key.retention).0;
+    let stale = idempotency_keys::Entity::delete_many()
         .filter(idempotency_keys::Column::Scope.eq(key.scope.as_str()))
         .filter(idempotency_keys::Column::Key.eq(key.key.as_str()))
-        .filter(idempotency_keys::Column::CreatedAtMs.lt(now.minus(key.retention).0))
-        .exec(txn)
-        .await?;
+        .filter(idempotency_keys::Column::CreatedAtMs.lt(expired));
+    // On MySQL/MariaDB a DELETE that finds no row takes a gap lock, which two
+    // racing first uses of a key both take and then deadlock on with their
+    // INSERTs: there it runs only when an expired row is there (a record
+    // lock). Elsewhere the DELETE stays first: on SQLite a read first would
+    // make the INSERT upgrade a shared lock, which racing writers refuse.
+    let look_first = txn.get_database_backend() == sea_orm::DbBackend::MySql;
+    let there = !look_first
+        || idempotency_keys::Entity::find()
+            .filter(idempotency_keys::Column::Scope.eq(key.scope.as_str()))
+            .filter(idempotency_keys::Column::Key.eq(key.key.as_str()))
+            .filter(idempotency_keys::Column::CreatedAtMs.lt(expired))
+            .one(txn)
+            .await?
+            .is_some();
+    if there {
+        stale.exec(txn).await?;
+    }
     let row = idempotency_keys::ActiveModel {
         scope: Set(key.scope.clone()),
         key: Set(key.key.clone()),
