@@ -1125,6 +1125,28 @@ pub async fn start_ready(app: &TestApp, serve: Serve) -> (Process, Api) {
     (child, api)
 }
 
+/// Runs `doctor` with the app's settings and these changes: whether it
+/// passed, and what it printed.
+pub fn doctor(app: &TestApp, changes: &[(&str, &str)]) -> (bool, String) {
+    let mut env = app.env.clone();
+    for (k, v) in changes {
+        env.insert(k.to_string(), v.to_string());
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+        .arg("doctor")
+        .envs(env)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// A file of this repository (the README, the shipped examples and definitions).
 pub fn repo_path(path: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)

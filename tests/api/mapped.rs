@@ -985,22 +985,7 @@ async fn refuses_a_mapping_that_does_not_match() {
         false,
     ))
     .await;
-    let doctor = |changes: &[(&str, &str)]| {
-        let mut env = app.env.clone();
-        for (k, v) in changes {
-            env.insert(k.to_string(), v.to_string());
-        }
-        let out = Command::new(BIN).arg("doctor").envs(env).output().unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
-    let (ok, report) = doctor(&[]);
+    let (ok, report) = doctor(&app, &[]);
     assert!(ok, "{report}");
     for line in [
         "orders table oms_order: id id (bigint), status status (smallint)",
@@ -1044,7 +1029,7 @@ async fn refuses_a_mapping_that_does_not_match() {
             "`mapping.release_sql`: 'UPDATE no_such_table SET x = 1 WHERE id = $1' fails",
         ),
     ] {
-        let (ok, report) = doctor(&[(key, value)]);
+        let (ok, report) = doctor(&app, &[(key, value)]);
         assert!(
             !ok && report.contains(said),
             "{key}={value}: {said}\n{report}"

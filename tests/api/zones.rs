@@ -13,13 +13,10 @@
 //! is written in the shop's zone; `doctor` says which zone and fails when the
 //! newest order lies in the future by it.
 
-use std::process::Command;
 use std::time::Duration;
 
 use crate::helpers::*;
 use crate::mapped::{Mall, Shop, mall_mapping, mall_schema};
-
-const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
 
 /// The payment window, and how late a close may come after it.
 const WINDOW_MS: i64 = 5_000;
@@ -119,24 +116,6 @@ impl Drop for GlobalZone {
         })
         .join();
     }
-}
-
-/// Runs `doctor` with the app's settings and these changes: whether it
-/// passed, and what it printed.
-fn doctor(app: &TestApp, changes: &[(&str, &str)]) -> (bool, String) {
-    let mut env = app.env.clone();
-    for (k, v) in changes {
-        env.insert(k.to_string(), v.to_string());
-    }
-    let out = Command::new(BIN).arg("doctor").envs(env).output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 /// The shop and the service in `case`'s zone: seven orders, the first paid
