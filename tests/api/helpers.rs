@@ -823,19 +823,36 @@ impl TestApp {
     }
 
     /// Messages ready in each of these queues, on one connection.
+    ///
+    /// A loaded broker may answer a queue's declare with "NOT_FOUND … due to
+    /// timeout" (the queue's process was too busy to answer in time), which
+    /// closes the channel: that queue is asked again on a new channel, a few
+    /// times, before the test fails.
     pub async fn queue_depths(&self, queues: &[String]) -> Vec<u32> {
+        const ATTEMPTS: u32 = 5;
         let conn = self.amqp().await;
-        let channel = conn.create_channel().await.unwrap();
+        let mut channel = conn.create_channel().await.unwrap();
         let mut depths = Vec::with_capacity(queues.len());
         for queue in queues {
             let passive = lapin::options::QueueDeclareOptions {
                 passive: true,
                 ..Default::default()
             };
-            let q = channel
-                .queue_declare(queue.as_str().into(), passive, FieldTable::default())
-                .await
-                .unwrap();
+            let mut attempt = 1;
+            let q = loop {
+                match channel
+                    .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+                    .await
+                {
+                    Ok(q) => break q,
+                    Err(e) if attempt < ATTEMPTS && e.to_string().contains("due to timeout") => {
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        channel = conn.create_channel().await.unwrap();
+                    }
+                    Err(e) => panic!("declare {queue} passively: {e}"),
+                }
+            };
             depths.push(q.message_count());
         }
         conn.close(200, "done".into()).await.ok();
