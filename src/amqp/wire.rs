@@ -403,8 +403,19 @@ fn headers_of(original: &BasicProperties) -> BTreeMap<ShortString, AMQPValue> {
 /// stage (`forwardable`), with `x-delay` set to `delay_ms` as a 64-bit
 /// signed integer (the plugin's `long`; it reads every signed and unsigned
 /// integer width, but no other type, and delivers any other at once).
+///
+/// The headers RabbitMQ writes when it dead-letters (`x-death`,
+/// `x-first-death-*`, `x-last-death-*`) are dropped: the TTL levels
+/// dead-letter every timer, and the broker reads those headers back then, so a
+/// publisher's malformed copy would reach the level queue's own process.
 pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties {
     let mut headers = headers_of(original);
+    headers.retain(|name, _| {
+        let name = name.as_str();
+        !(name == "x-death"
+            || name.starts_with("x-first-death-")
+            || name.starts_with("x-last-death-"))
+    });
     headers.insert(
         X_DELAY.into(),
         AMQPValue::LongLongInt(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
