@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use sea_orm::DatabaseConnection;
 use tokio::sync::{Notify, OnceCell};
 
-use crate::amqp::topology::{Mode, Names};
+use crate::broker::{Mode, Names};
 use crate::control::Pauses;
 use crate::events::Events;
 use crate::orders::Orders;

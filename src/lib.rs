@@ -6,6 +6,7 @@
 //! The map of the crate, one line per module, from the bottom up:
 //! - [`domain`]: ids, statuses, the order state diagram as one table, timeout kinds, time;
 //! - [`settings`]: typed, validated configuration (defaults, TOML file, environment);
+//! - [`broker`]: the delay stage in use and every exchange and queue name;
 //! - [`http_client`]: a small JSON client (the broker's management API, `demo`);
 //! - [`db`]: the connection, entities, and every transaction by family ([`db::store`]);
 //! - [`orders`]: whose orders the timeouts act on: the service's own, or a shop's mapped table;
@@ -21,29 +22,24 @@
 //! - [`server`]: serving the API with timeouts and caps;
 //! - [`telemetry`]: log output;
 //! - [`app`]: build and run every component, and shut them down;
-//! - [`doctor`]: the `doctor` subcommand's checks;
-//! - [`demo`]: the `demo` subcommand;
-//! - [`ctl`]: the `ctl` subcommand, a client of a running instance's `/admin` API;
-//! - [`cli`]: the command line.
+//! - [`commands`]: the command line and the subcommands around the service (`doctor`, `demo`, `ctl`).
 
 pub mod amqp;
 pub mod app;
-pub mod auth;
-pub mod cli;
+pub(crate) mod auth;
+pub mod broker;
+pub mod commands;
 pub mod context;
-pub mod control;
-pub mod ctl;
+pub(crate) mod control;
 pub mod db;
-pub mod demo;
-pub mod doctor;
 pub mod domain;
-pub mod events;
-pub mod gauges;
+pub(crate) mod events;
+pub(crate) mod gauges;
 pub mod http;
-pub mod http_client;
-pub mod orders;
-pub mod reload;
-pub mod server;
+pub(crate) mod http_client;
+pub(crate) mod orders;
+pub(crate) mod reload;
+pub(crate) mod server;
 pub mod settings;
 pub mod sweeper;
-pub mod telemetry;
+pub(crate) mod telemetry;

@@ -1,5 +1,5 @@
 //! The `order-timeout` binary: parses the command line and hands over to the library.
 
 fn main() -> std::process::ExitCode {
-    order_timeout::cli::main()
+    order_timeout::commands::main()
 }

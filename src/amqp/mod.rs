@@ -10,16 +10,16 @@
 //! - [`management`]: the management HTTP API, for what AMQP cannot tell.
 
 mod catch_up;
-pub mod connection;
-pub mod consumer;
+pub(crate) mod connection;
+pub(crate) mod consumer;
 pub mod definitions;
-pub mod disposition;
-pub mod management;
-pub mod mode;
-pub mod publish;
-pub mod relay;
-pub mod router;
-pub mod supervise;
+pub(crate) mod disposition;
+pub(crate) mod management;
+pub(crate) mod mode;
+pub(crate) mod publish;
+pub(crate) mod relay;
+pub(crate) mod router;
+pub(crate) mod supervise;
 pub mod topology;
 pub mod wire;
 

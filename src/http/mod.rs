@@ -41,7 +41,7 @@ use crate::settings::{Windows, parse_window};
 
 mod admin;
 mod cross_site;
-pub mod idempotency;
+pub(crate) mod idempotency;
 mod inventory;
 mod operations;
 mod orders;

@@ -40,6 +40,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, Connection, ExchangeKind};
 
+pub use crate::broker::{Mode, Names};
 use crate::domain::TimeoutKind;
 pub use crate::settings::QueueType;
 
@@ -77,77 +78,6 @@ const DIGIT_BITS: u32 = 3;
 
 /// Octal digits in a TTL routing key (8 × 3 bits cover [`LEVELS`]).
 pub const DIGITS: u32 = LEVELS.div_ceil(DIGIT_BITS);
-
-/// The delay mechanism actually in use (`auto` resolved).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// The delayed-message exchange plugin.
-    Plugin,
-    /// Binary TTL levels.
-    Ttl,
-}
-
-impl Mode {
-    /// Spelling in logs, metrics and `doctor`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Plugin => "plugin",
-            Self::Ttl => "ttl",
-        }
-    }
-}
-
-/// Every exchange and queue name, derived from the configured prefix.
-#[derive(Debug, Clone)]
-pub struct Names {
-    prefix: String,
-}
-
-impl Names {
-    /// Names under `prefix` (the entry exchange is the prefix itself).
-    pub fn new(prefix: &str) -> Self {
-        Self {
-            prefix: prefix.to_string(),
-        }
-    }
-    /// The exchange publishers use.
-    pub fn entry(&self) -> &str {
-        &self.prefix
-    }
-    /// The queue behind the entry exchange, read by the router.
-    pub fn ingest(&self) -> String {
-        format!("{}.ingest", self.prefix)
-    }
-    /// TTL level `l` (zero-padded so the management UI lists levels in order).
-    pub fn level(&self, l: u32) -> String {
-        format!("{}.level.{l:02}", self.prefix)
-    }
-    /// The exchange a message reaches after leaving level `l`; `out.23` is the entry.
-    pub fn out(&self, l: u32) -> String {
-        format!("{}.out.{l:02}", self.prefix)
-    }
-    /// The plugin stage: an `x-delayed-message` exchange routing by kind into `due`.
-    pub fn delay(&self) -> String {
-        format!("{}.delay", self.prefix)
-    }
-    /// Where due messages go, routed by kind to the work queues.
-    pub fn due(&self) -> String {
-        format!("{}.due", self.prefix)
-    }
-    /// The work queue of one kind.
-    pub fn work(&self, kind: TimeoutKind) -> String {
-        format!("{}.work.{}", self.prefix, kind.as_str())
-    }
-    /// Exchange and queue of messages that broke the contract.
-    pub fn parked(&self) -> String {
-        format!("{}.parked", self.prefix)
-    }
-    /// Where the domain events go (a topic exchange, routing key
-    /// `order.<event>`); consumers bind their own queues to it.
-    pub fn events(&self) -> String {
-        format!("{}.events", self.prefix)
-    }
-}
 
 /// Where a timer that passed validation goes to wait: the exchange and routing
 /// key of the delay stage of `mode`. The one place that decides it, for the

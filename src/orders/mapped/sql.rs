@@ -110,11 +110,6 @@ impl Clock {
         Self { dialect, zone }
     }
 
-    /// The zone.
-    pub fn zone(&self) -> &Zone {
-        &self.zone
-    }
-
     /// The database's now, to compare with (or write into) a column of type `ty`.
     pub fn now(&self, ty: &Ty) -> String {
         let zoned = matches!(ty, Ty::Time { zoned: true });

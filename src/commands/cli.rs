@@ -10,12 +10,13 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio_util::sync::CancellationToken;
 
+use super::ctl::{self, CtlAction, Target};
+use super::doctor;
 use crate::amqp::{self, topology::Names, wire};
 use crate::app::Application;
-use crate::ctl::{self, CtlAction, Target};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 use crate::settings::{OrdersSource, Settings, SettingsSource, defaults_file, parse_window};
-use crate::{db, doctor, telemetry};
+use crate::{db, telemetry};
 
 /// Closes e-commerce orders whose deadline passed: RabbitMQ keeps the deadlines, the database decides.
 #[derive(Debug, Parser)]
@@ -167,7 +168,7 @@ pub fn main() -> ExitCode {
             Command::Migrate { action } => migrate(settings, action).await,
             Command::Doctor => Ok(doctor::run(&settings).await),
             Command::Config { .. } => Ok(print_out(&settings.to_toml())),
-            Command::Demo => crate::demo::run(settings).await,
+            Command::Demo => super::demo::run(settings).await,
             Command::Ctl { .. } => unreachable!("ctl returned before the settings were loaded"),
             Command::Schedule {
                 order_id,
