@@ -142,3 +142,29 @@ impl OrderStore for Owned {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_read_as_its_id_once_and_answered_by_itself() {
+        let keys: Vec<OrderKey> = ["7", "12", "not-an-id"]
+            .iter()
+            .map(|k| OrderKey::parse(k).unwrap())
+            .collect();
+        let (ids, none) = ids(&keys);
+        assert_eq!(ids[&OrderId::new(7)], &keys[0]);
+        assert_eq!(ids[&OrderId::new(12)], &keys[1]);
+        // No id 0 stands in for it: it names no order.
+        assert_eq!(none, vec![&keys[2]]);
+        assert!(!ids.contains_key(&OrderId::new(0)));
+    }
+
+    #[test]
+    fn only_positive_integers_are_accepted_in_their_canonical_spelling() {
+        let key = |k: &str| OrderKey::parse(k).unwrap();
+        assert_eq!(Owned.accept(&key("42")), Ok(key("42")));
+        assert!(Owned.accept(&key("abc")).is_err());
+    }
+}
