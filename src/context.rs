@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sea_orm::DatabaseConnection;
-use tokio::sync::{Notify, OnceCell};
+use tokio::sync::OnceCell;
 
 use crate::broker::{Mode, Names};
 use crate::control::Pauses;
@@ -107,8 +107,6 @@ pub struct Context {
     pub events: Arc<Events>,
     /// Dependency state for `/readyz`.
     pub health: Health,
-    /// Wakes the outbox relay when a transaction wrote a row.
-    pub relay_wakeup: Notify,
     /// The delay mode, resolved once (`amqp::delay_mode` probes the broker
     /// if `auto`), with the reason.
     pub(crate) mode: OnceCell<(Mode, String)>,
@@ -128,10 +126,9 @@ impl Context {
             names,
             db,
             api_db,
-            orders: Orders::Owned,
+            orders: Orders::owned(),
             events: Events::new(),
             health,
-            relay_wakeup: Notify::new(),
             mode: OnceCell::new(),
             topology: tokio::sync::watch::Sender::new(false),
         }

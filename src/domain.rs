@@ -13,6 +13,9 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};
 
+mod outcome;
+pub use outcome::{Cause, ExpiryOutcome};
+
 /// The longest delay a timer may have, in milliseconds: the delayed-message
 /// plugin's (and Erlang's timer) limit, about 49.7 days. The wire contract's
 /// `x-delay` and every window setting stop here.

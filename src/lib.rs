@@ -13,7 +13,9 @@
 //! - [`events`]: every event, logged and counted in one place, and the metrics table;
 //! - [`control`]: which roles are paused (pause and resume while running);
 //! - [`reload`]: reading the settings again while running, and what applies;
+//! - [`backoff`]: waiting between attempts, cut short by shutdown;
 //! - [`context`]: what the components share (settings, pools, events, health, roles);
+//! - [`apply`]: applying a batch of timeouts, halved on refusal: the one loop of the consumer, its catch-up and the sweeper;
 //! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
 //! - [`gauges`]: the on-call gauges of pending and overdue orders, read from the database;
@@ -26,7 +28,9 @@
 
 pub mod amqp;
 pub mod app;
+pub(crate) mod apply;
 pub(crate) mod auth;
+pub(crate) mod backoff;
 pub mod broker;
 pub mod commands;
 pub mod context;

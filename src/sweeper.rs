@@ -12,18 +12,17 @@
 //! each page's transaction passes both gates ([`crate::control::Pauses::enter`]):
 //! once either pause has answered, no page of the sweep starts.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
 
+use crate::apply::{OnRefusal, apply, gates};
 use crate::context::Context;
 use crate::control::Pausable;
 use crate::db::clock;
-use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
-use crate::orders::Unreadable;
+use crate::orders::{Cause, Unreadable};
 
 /// Sweeps every `sweeper.interval` until shutdown, unless paused. A reload
 /// starts the wait again with the new interval.
@@ -58,7 +57,7 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
     let mut failed = None;
     let kinds = TimeoutKind::ALL
         .into_iter()
-        .filter(|k| ctx.orders.maps(*k) && !ctx.pauses.any_paused(&roles(*k)));
+        .filter(|k| ctx.orders.maps(*k) && !ctx.pauses.any_paused(&gates(*k, Cause::Sweeper)));
     for kind in kinds {
         match sweep_kind(ctx, kind, now).await {
             Ok(n) => caught += n,
@@ -69,12 +68,6 @@ pub async fn sweep(ctx: &Context, now: Millis) -> Result<u64, DbErr> {
         Some(e) => Err(e),
         None => Ok(caught),
     }
-}
-
-/// The roles whose pause stops the sweeper's work on `kind`: itself, and
-/// the kind's consumer.
-fn roles(kind: TimeoutKind) -> [Pausable; 2] {
-    [Pausable::Sweeper, Pausable::Consumer(kind)]
 }
 
 /// Sweeps one kind, a page at a time, oldest deadline first. Pages follow each
@@ -101,7 +94,7 @@ async fn sweep_pages(
     let mut caught = 0;
     let mut after = None;
     // Paused mid-sweep: the rest waits for the resume.
-    while !ctx.pauses.any_paused(&roles(kind)) {
+    while !ctx.pauses.any_paused(&gates(kind, Cause::Sweeper)) {
         let page = ctx
             .orders
             .overdue(
@@ -122,7 +115,7 @@ async fn sweep_pages(
         after = Some(next);
         let ids: Vec<OrderKey> = page.orders.into_iter().map(|(id, _)| id).collect();
         if !ids.is_empty() {
-            caught += expire_isolating(ctx, kind, ids).await?;
+            caught += apply_page(ctx, kind, ids).await?;
         }
         if !page.full {
             return Ok(caught);
@@ -131,75 +124,24 @@ async fn sweep_pages(
     Ok(caught)
 }
 
-/// Counts and tells the orders `outcomes` applied (at `now`).
-fn caught_now(
-    ctx: &Context,
-    kind: TimeoutKind,
-    outcomes: &HashMap<OrderKey, ExpiryOutcome>,
-    now: Millis,
-) -> u64 {
-    let mut caught = 0;
-    for (id, outcome) in outcomes {
-        if let ExpiryOutcome::Applied { deadline } = outcome {
-            caught += 1;
-            ctx.events
-                .sweeper_catch(kind, id, now.signed_since(*deadline));
-            // Committed with its domain event: let the relay publish it.
-            ctx.relay_wakeup.notify_one();
-        }
-    }
-    caught
-}
-
 /// Applies a page; when the database answers but refuses it, halves it down
-/// to the orders it refuses, which are logged and left for the next sweep.
-/// A pause that comes first leaves the rest of the page for the resume.
-async fn expire_isolating(
-    ctx: &Context,
-    kind: TimeoutKind,
-    ids: Vec<OrderKey>,
-) -> Result<u64, DbErr> {
+/// to the orders it refuses, which are told and left for the next sweep
+/// ([`OnRefusal::PassOver`]). A pause that comes first leaves the rest of the
+/// page for the resume. Errs when the database is away.
+async fn apply_page(ctx: &Context, kind: TimeoutKind, ids: Vec<OrderKey>) -> Result<u64, DbErr> {
+    let decided = apply(ctx, kind, ids, Cause::Sweeper, OnRefusal::PassOver)
+        .await
+        .unwrap_or_default();
     let mut caught = 0;
-    let mut parts = vec![ids];
-    let roles = roles(kind);
-    while let Some(part) = parts.pop() {
-        // Held until the transaction ends: a pause of the sweeper or of the
-        // kind's consumer waits for it, and refuses the next.
-        let Some(pass) = ctx.pauses.enter(&roles).await else {
-            break;
-        };
-        let now = clock::now(&ctx.db).await?;
-        let expired = ctx
-            .orders
-            .expire(&ctx.db, kind, &part, now, Cause::Sweeper)
-            .await;
-        drop(pass);
-        let error = match expired {
-            Ok(outcomes) => {
-                caught += caught_now(ctx, kind, &outcomes, now);
-                continue;
-            }
-            Err(e) => e,
-        };
-        ctx.orders.probe(&ctx.db, kind).await?;
-        // The attempt may have committed with its answer lost: what its audit
-        // rows say it applied counts, and is not tried again.
-        let (earlier, part) = ctx
-            .orders
-            .applied_by(&ctx.db, kind, part, now, Cause::Sweeper)
-            .await;
-        if !earlier.is_empty() {
-            ctx.events.commit_answer_lost(kind, earlier.len());
-            caught += caught_now(ctx, kind, &earlier, now);
-        }
-        if part.len() > 1 {
-            ctx.events.batch_split(kind, part.len(), &error.to_string());
-            let (left, right) = part.split_at(part.len() / 2);
-            parts.push(right.to_vec());
-            parts.push(left.to_vec());
-        } else if let Some(key) = part.first() {
-            ctx.events.sweeper_refused(kind, key, &error.to_string());
-        }
+    for (id, lateness_ms) in decided.applied() {
+        ctx.events.sweeper_catch(kind, id, lateness_ms);
+        caught += 1;
     }
-    Ok(caught)
+    for (id, error) in &decided.refused {
+        ctx.events.sweeper_refused(kind, id, error);
+    }
+    match decided.away {
+        Some(e) => Err(e),
+        None => Ok(caught),
+    }
 }

@@ -34,11 +34,11 @@ use std::time::Duration;
 use futures_util::{StreamExt, stream};
 use tokio::time::Instant;
 
+use crate::apply::{Decided, OnRefusal, apply};
 use crate::context::Context;
-use crate::control::Pausable;
 use crate::db::clock;
-use crate::db::store::{Cause, ExpiryOutcome};
-use crate::domain::{Millis, OrderKey, TimeoutKind};
+use crate::domain::{OrderKey, TimeoutKind};
+use crate::orders::Cause;
 
 /// Catch-ups run at most this often while deliveries flow: the lateness a
 /// burst's orders can have beyond their own messages' is about this.
@@ -199,8 +199,8 @@ impl CatchUp {
         // Refusals age out: the order is tried again, alone if it must be.
         self.refused.forget_old(started);
         let limit = (ctx.live().consumer.batch_size as u64).max(PAGE_AT_LEAST);
-        // One reading of the database's clock for the round: every page is
-        // judged by it, and a failed page's audit rows are looked up by it.
+        // One reading of the database's clock picks the round's pages; each
+        // page's transaction reads it again, and applies only what is due.
         let Ok(now) = clock::now(&ctx.db).await else {
             return 0;
         };
@@ -237,90 +237,34 @@ impl CatchUp {
                 break;
             }
         }
+        // A page the database refuses is halved down to the orders it
+        // refuses alone, which later catch-ups pass over; the database away
+        // ends it quietly (the consumer's own path pauses).
         let kind = self.kind;
-        let results: Vec<Page> = stream::iter(pages)
-            .map(|keys| apply(ctx, kind, keys, now))
+        let results: Vec<Decided> = stream::iter(pages)
+            .map(|keys| async move {
+                apply(ctx, kind, keys, Cause::Timeout, OnRefusal::PassOver)
+                    .await
+                    .unwrap_or_default()
+            })
             .buffer_unordered(SIDE_BY_SIDE)
             .collect()
             .await;
         let done = Instant::now();
         let mut caught = 0;
         for page in results {
-            for (key, lateness) in page.applied {
-                ctx.events.caught_up(self.kind, &key, lateness);
-                self.remember(key, done);
+            for (key, lateness) in page.applied() {
+                ctx.events.caught_up(self.kind, key, lateness);
+                self.remember(key.clone(), done);
                 caught += 1;
             }
-            for key in page.refused {
+            for key in page.refused.into_keys() {
                 self.refuse(key, done);
             }
-        }
-        if caught > 0 {
-            // Committed with their domain events: let the relay publish them.
-            ctx.relay_wakeup.notify_one();
         }
         self.found = caught > 0;
         caught
     }
-}
-
-/// What applying one page did: the orders it applied, with their lateness,
-/// and those the database refused alone.
-#[derive(Default)]
-struct Page {
-    applied: Vec<(OrderKey, i64)>,
-    refused: Vec<OrderKey>,
-}
-
-/// Applies a page; a page the database refuses is halved down to the orders
-/// it refuses alone, which later catch-ups pass over.
-async fn apply(ctx: &Context, kind: TimeoutKind, keys: Vec<OrderKey>, now: Millis) -> Page {
-    let mut page = Page::default();
-    let mut parts = vec![keys];
-    while let Some(part) = parts.pop() {
-        if part.is_empty() {
-            continue;
-        }
-        // Held until the page's transaction ends; paused: the page and what
-        // is left of it wait for the resume (their deliveries, the sweeper).
-        let Some(_pass) = ctx.pauses.enter(&[Pausable::Consumer(kind)]).await else {
-            break;
-        };
-        let outcomes = match ctx
-            .orders
-            .expire(&ctx.db, kind, &part, now, Cause::Timeout)
-            .await
-        {
-            Ok(outcomes) => outcomes,
-            // The database is away: the consumer's own path pauses.
-            Err(_) if ctx.orders.probe(&ctx.db, kind).await.is_err() => break,
-            Err(_) => {
-                // The attempt may have committed with its answer lost: what
-                // its audit rows say it applied counts, and is not tried again.
-                let (earlier, rest) = ctx
-                    .orders
-                    .applied_by(&ctx.db, kind, part, now, Cause::Timeout)
-                    .await;
-                if !earlier.is_empty() {
-                    ctx.events.commit_answer_lost(kind, earlier.len());
-                }
-                if rest.len() > 1 {
-                    let (left, right) = rest.split_at(rest.len() / 2);
-                    parts.push(right.to_vec());
-                    parts.push(left.to_vec());
-                } else if let Some(key) = rest.first() {
-                    page.refused.push(key.clone());
-                }
-                earlier
-            }
-        };
-        for (key, outcome) in outcomes {
-            if let ExpiryOutcome::Applied { deadline } = outcome {
-                page.applied.push((key, now.signed_since(deadline)));
-            }
-        }
-    }
-    page
 }
 
 #[cfg(test)]

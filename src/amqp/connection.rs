@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use lapin::options::{BasicQosOptions, ConfirmSelectOptions};
 use lapin::{Channel, Connection, ConnectionProperties};
-use tokio_util::sync::CancellationToken;
 
+pub use crate::backoff::{Backoff, pause};
 use crate::settings::{AmqpSettings, redact_url};
 
 /// Opens a connection whose name shows in the management UI as
@@ -109,43 +109,6 @@ fn connect_timed_out(address: &str, limit: Duration) -> lapin::Error {
 /// The client-provided name of a connection of this instance.
 pub fn connection_name(settings: &AmqpSettings, role: &str) -> String {
     format!("order-timeout {} {role}", settings.instance)
-}
-
-/// Exponential backoff with a cap, for reconnects and database pauses.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    first: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    /// Starts at `first`, doubles up to `max`.
-    pub fn new(first: Duration, max: Duration) -> Self {
-        Self {
-            first,
-            max,
-            next: first,
-        }
-    }
-    /// The next wait.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-    /// Back to the first wait (after a success).
-    pub fn reset(&mut self) {
-        self.next = self.first;
-    }
-}
-
-/// Sleeps unless shutdown comes first; returns false on shutdown.
-pub async fn pause(shutdown: &CancellationToken, d: Duration) -> bool {
-    tokio::select! {
-        _ = shutdown.cancelled() => false,
-        _ = tokio::time::sleep(d) => true,
-    }
 }
 
 /// The two channels of a consuming role: one for deliveries, with an explicit

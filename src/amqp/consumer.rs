@@ -11,7 +11,8 @@
 //!   (`consumer.hold_max`), otherwise sent back to wait, then acked;
 //! - unknown order or a body that breaks the contract: parked, then acked;
 //! - database error: nothing is acked; the consumer pauses with backoff and
-//!   tries the same batch again, taking no new deliveries meanwhile.
+//!   tries the same batch again, taking no new deliveries meanwhile; an
+//!   order the database refuses alone is parked ([`crate::apply`]).
 //!
 //! A consumer paused by an operator ([`crate::control`]) finishes its batch,
 //! cancels its AMQP consumer and closes its channel, so that what it had
@@ -35,26 +36,19 @@ use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
 
 use super::catch_up::CatchUp;
-use super::disposition::{Decided, Disposition, admit, decide};
+use super::disposition::{Disposition, admit, decide};
 use super::topology::{Mode, delay_route};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
-use super::{Backoff, Ended, Error, channels, park_delivery, pause, publish_confirmed};
+use super::{Ended, Error, channels, park_delivery, publish_confirmed};
+use crate::apply::{Decided, ISOLATED_ATTEMPTS, OnRefusal, apply};
 use crate::context::Context;
 use crate::control::Pausable;
-use crate::db::clock;
-use crate::db::store::{Cause, ExpiryOutcome};
 use crate::domain::{Millis, OrderKey, TimeoutKind};
+use crate::orders::{Cause, ExpiryOutcome};
 
 /// A batch that starts this soon after the previous one is part of a flow, and
 /// may wait `consumer.batch_wait` to fill even when it holds one delivery.
 const FLOWING: Duration = Duration::from_millis(50);
-
-/// How often the database may refuse one order's timeout, alone, before its
-/// delivery is parked.
-const ISOLATED_ATTEMPTS: u32 = 3;
-
-/// Failed attempts of a batch remembered, for [`crate::orders::Orders::recovered`].
-const MAX_FAILED_ATTEMPTS: usize = 64;
 
 /// Runs the consumers of every kind on one connection until shutdown or failure.
 pub async fn run(
@@ -343,7 +337,12 @@ impl KindConsumer {
             .filter(|id| !self.catch_up.applied(id))
             .cloned()
             .collect();
-        let Some(decided) = self.expire_isolating(ids, shutdown).await else {
+        // Refused alone: tried again after the rest, then parked; the
+        // database away: nothing is acked, and no new delivery taken, until
+        // it answers again.
+        let on_refusal = OnRefusal::Persist(shutdown);
+        let Some(decided) = apply(&self.ctx, self.kind, ids, Cause::Timeout, on_refusal).await
+        else {
             // Shutting down mid-outage: leave them unacked for redelivery.
             return Ok(());
         };
@@ -351,122 +350,6 @@ impl KindConsumer {
             self.catch_up.run(&self.ctx).await;
         }
         Ok(())
-    }
-
-    /// Decides the orders of a batch. While the database is away (or refuses
-    /// every transition, see [`crate::db::store::probe`]), nothing is decided: the consumer pauses with backoff and tries again, taking no new
-    /// deliveries. When it answers but refuses the batch, the batch is split in
-    /// halves, each decided on its own, down to the one order it refuses, which
-    /// is tried [`ISOLATED_ATTEMPTS`] times, then given up (to be parked): one
-    /// bad order cannot stop every timeout behind it. `None` when shutdown came
-    /// first.
-    async fn expire_isolating(
-        &self,
-        ids: Vec<OrderKey>,
-        shutdown: &CancellationToken,
-    ) -> Option<Decided> {
-        let mut decided = Decided::default();
-        // Parts still to decide, each with how often the database refused it
-        // alone. An order refused alone is tried again only once every other
-        // part is decided: the rest of the batch does not wait on it.
-        let mut parts = vec![(ids, 0u32)];
-        let mut suspects: Vec<(Vec<OrderKey>, u32)> = Vec::new();
-        let mut outage = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        // The clock readings of the attempts that failed: one of them may have
-        // committed with its answer lost.
-        let mut failed: Vec<Millis> = Vec::new();
-        loop {
-            let (part, refusals) = match parts.pop() {
-                Some(next) => next,
-                None if !suspects.is_empty() => {
-                    if !pause(shutdown, retry.next_delay()).await {
-                        return None;
-                    }
-                    parts.append(&mut suspects);
-                    continue;
-                }
-                None => return Some(decided),
-            };
-            let orders = &self.ctx.orders;
-            let role = Pausable::Consumer(self.kind);
-            // Held until the transaction ends. Paused first: this part and
-            // every one still to decide are left undecided.
-            let Some(pass) = self.ctx.pauses.enter(&[role]).await else {
-                let rest = parts.into_iter().chain(suspects).flat_map(|(p, _)| p);
-                decided.left.extend(part.into_iter().chain(rest));
-                return Some(decided);
-            };
-            // The database's clock decides what is due (`db::clock`); a
-            // failed reading is a failed attempt like any other.
-            let attempt = match clock::now(&self.ctx.db).await {
-                Ok(now) => orders
-                    .expire(&self.ctx.db, self.kind, &part, now, Cause::Timeout)
-                    .await
-                    .map(|outcomes| (now, outcomes))
-                    .map_err(|e| (Some(now), e)),
-                Err(e) => Err((None, e)),
-            };
-            // Committed or rolled back: a pause waits for nothing that follows
-            // (an outage's backoff least of all).
-            drop(pass);
-            let error = match attempt {
-                Ok((now, outcomes)) => {
-                    if outcomes
-                        .values()
-                        .any(|o| matches!(o, ExpiryOutcome::Applied { .. }))
-                    {
-                        // Committed with their domain events: let the relay publish them.
-                        self.ctx.relay_wakeup.notify_one();
-                    }
-                    let recovered = orders
-                        .recovered(&self.ctx.db, self.kind, &outcomes, &failed, Cause::Timeout)
-                        .await;
-                    if !recovered.is_empty() {
-                        self.ctx
-                            .events
-                            .commit_answer_lost(self.kind, recovered.len());
-                    }
-                    decided.merge(outcomes, now);
-                    for (key, (at, outcome)) in recovered {
-                        decided.merge(HashMap::from([(key, outcome)]), at);
-                    }
-                    continue;
-                }
-                Err((now, e)) => {
-                    if let Some(now) = now
-                        && failed.len() < MAX_FAILED_ATTEMPTS
-                    {
-                        failed.push(now);
-                    }
-                    e
-                }
-            };
-            if orders.probe(&self.ctx.db, self.kind).await.is_err() {
-                // The database is away or refuses every transition: keep the
-                // deliveries unacked and take no new ones; the broker keeps
-                // the rest, and nothing spins meanwhile.
-                let delay = outage.next_delay();
-                self.ctx
-                    .events
-                    .paused(self.kind.as_str(), &error.to_string(), delay);
-                if !pause(shutdown, delay).await {
-                    return None;
-                }
-                parts.push((part, refusals));
-            } else if part.len() > 1 {
-                self.ctx
-                    .events
-                    .batch_split(self.kind, part.len(), &error.to_string());
-                let (left, right) = part.split_at(part.len() / 2);
-                parts.push((right.to_vec(), 0));
-                parts.push((left.to_vec(), 0));
-            } else if refusals + 1 >= ISOLATED_ATTEMPTS {
-                decided.refused.insert(part[0].clone(), error.to_string());
-            } else {
-                suspects.push((part, refusals + 1));
-            }
-        }
     }
 
     /// Acks, holds, re-delays or parks each delivery as the database decided.

@@ -1,48 +1,12 @@
-//! What happens to a timeout delivery once the database has spoken: the
-//! outcome of a batch's transitions ([`Decided`]) and, for each delivery, its
-//! [`Disposition`] (ack, hold, re-delay or park), decided in one place.
+//! What happens to a timeout delivery once the database has spoken (see
+//! [`crate::apply::Decided`]): its [`Disposition`] (ack, hold, re-delay or
+//! park), decided in one place.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::wire::{Park, ParkReason, TimeoutMessage};
-use crate::db::store::ExpiryOutcome;
-use crate::domain::{Millis, OrderKey};
-use crate::orders::Orders;
-
-/// What the database said about a batch's orders.
-#[derive(Debug, Default)]
-pub struct Decided {
-    /// Each order's outcome, with the time it was decided at.
-    pub outcomes: HashMap<OrderKey, (ExpiryOutcome, Millis)>,
-    /// Orders whose transition the database refused, alone, with its error.
-    pub refused: HashMap<OrderKey, String>,
-    /// Orders not decided because their consumer was paused first: their
-    /// deliveries go back to the queue, neither acked nor counted.
-    pub left: HashSet<OrderKey>,
-}
-
-impl Decided {
-    /// Whether the order was left undecided by a pause (a duplicate delivery
-    /// of it decided in another part is decided).
-    pub fn undecided(&self, id: &OrderKey) -> bool {
-        self.left.contains(id) && !self.outcomes.contains_key(id) && !self.refused.contains_key(id)
-    }
-
-    /// Adds one part's outcomes. An order split across parts (duplicate
-    /// deliveries) keeps the outcome that applied it.
-    pub fn merge(&mut self, outcomes: HashMap<OrderKey, ExpiryOutcome>, now: Millis) {
-        for (id, outcome) in outcomes {
-            let applied_before = matches!(
-                self.outcomes.get(&id),
-                Some((ExpiryOutcome::Applied { .. }, _))
-            );
-            if !applied_before {
-                self.outcomes.insert(id, (outcome, now));
-            }
-        }
-    }
-}
+use crate::domain::Millis;
+use crate::orders::{ExpiryOutcome, Orders};
 
 /// What to do with one delivery once the database has spoken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,25 +84,6 @@ mod tests {
     use crate::domain::OrderStatus;
 
     const HOLD: Duration = Duration::from_secs(1);
-
-    #[test]
-    fn a_split_batch_keeps_the_outcome_that_applied() {
-        let id = OrderKey::parse("7").unwrap();
-        let mut decided = Decided::default();
-        let applied = ExpiryOutcome::Applied {
-            deadline: Millis(900),
-        };
-        decided.merge(
-            HashMap::from([(id.clone(), applied.clone())]),
-            Millis(1_000),
-        );
-        // The same order's duplicate, decided in the other half, found it done.
-        let done = ExpiryOutcome::Inapplicable {
-            status: OrderStatus::Cancelled.as_str().into(),
-        };
-        decided.merge(HashMap::from([(id.clone(), done)]), Millis(1_100));
-        assert_eq!(decided.outcomes[&id], (applied, Millis(1_000)));
-    }
 
     #[test]
     fn applied_once_per_order() {

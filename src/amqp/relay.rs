@@ -124,7 +124,7 @@ pub async fn run(
         // reload ends the wait, to be seen at once.
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            _ = ctx.relay_wakeup.notified() => {}
+            _ = ctx.orders.committed().wait() => {}
             _ = tokio::time::sleep(ctx.live().relay.interval) => {}
             _ = ctx.pauses.until(Pausable::Relay, true) => {}
             _ = reloads.changed() => {}

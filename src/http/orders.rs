@@ -263,11 +263,12 @@ pub(super) async fn create_order(
     // The deadline is stamped by the database's clock, which every instance
     // judges it by (`db::clock`).
     let now = db::clock::now(&ctx.api_db).await?;
-    match store::checkout(&ctx.api_db, &items, window, now, key.as_ref()).await {
+    match ctx
+        .orders
+        .checkout(&ctx.api_db, &items, window, now, key.as_ref())
+        .await
+    {
         Ok(order) => {
-            // The outbox row and the `created` event are committed: let the
-            // relay publish them now.
-            ctx.relay_wakeup.notify_one();
             ctx.events
                 .order_created(order.id, &order.pay_deadline.to_rfc3339());
             let location = format!("/orders/{}", order.id);
@@ -426,21 +427,20 @@ async fn act(ctx: &Context, id: &str, action: Action) -> Result<Response, ApiErr
     };
     // Late or not is judged by the database's clock, like the timeouts.
     let now = db::clock::now(&ctx.api_db).await?;
-    match store::act_during(
-        &ctx.api_db,
-        id,
-        action,
-        // Read now: a reload applies new windows to the orders acted on after it.
-        &ctx.live().windows,
-        now,
-        deadline,
-    )
-    .await
+    match ctx
+        .orders
+        .act(
+            &ctx.api_db,
+            id,
+            action,
+            // Read now: a reload applies new windows to the orders acted on after it.
+            &ctx.live().windows,
+            now,
+            deadline,
+        )
+        .await
     {
         Ok(order) => {
-            // Every action wrote its domain event, pay and ship an outbox row
-            // too: let the relay publish them now.
-            ctx.relay_wakeup.notify_one();
             ctx.events.order_changed(id, action);
             Ok(Json(OrderView::from(order)).into_response())
         }
@@ -449,11 +449,6 @@ async fn act(ctx: &Context, id: &str, action: Action) -> Result<Response, ApiErr
             reason,
             late_payment,
         }) => {
-            if late_payment {
-                // The refusal committed the late payment's event (and the
-                // timeout's cancel, when no message had applied it yet).
-                ctx.relay_wakeup.notify_one();
-            }
             ctx.events
                 .action_refused(id, action, order.status, late_payment);
             Err(TransitionError::Conflict {

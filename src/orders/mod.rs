@@ -1,73 +1,188 @@
 //! The orders the timeouts act on: the service's own (`orders.source =
-//! owned`, the default: `db::store`, filled by the checkout API), or a shop's
-//! existing table described by `mapping.*` (`mapped`). The consumers, the
-//! sweeper and `doctor` go through [`Orders`]; the state-checked rule is the
-//! same either way.
+//! owned`, the default: [`owned`], over `db::store`, filled by the checkout
+//! API), or a shop's existing table described by `mapping.*` ([`mapped`]).
+//! Each is an [`OrderStore`]; the consumers, the sweeper and the gauges go
+//! through [`Orders`], which holds the one in use. The state-checked rule is
+//! the same either way, and an order is named by its [`OrderKey`] from the
+//! delivery to the statement and back.
+//!
+//! [`Orders`] is also the layer that commits what the outbox relay publishes
+//! (a timeout applied, a checkout, a client's action): it raises
+//! [`Committed`] after each such commit, and the relay waits on it.
 
 pub mod mapped;
+mod owned;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use sea_orm::{DatabaseConnection, DbErr};
+use tokio::sync::Notify;
 
-use crate::db::store::{self, Backlog, Cause, ExpiryOutcome};
-use crate::domain::{Millis, OrderId, OrderKey, TimeoutKind};
-use crate::settings::{OrdersSource, Settings};
+use crate::db::store::{
+    self, Backlog, CheckoutError, Deadline, IdempotencyKey, NewItem, Order, TransitionError,
+};
+use crate::domain::{Action, Millis, OrderId, OrderKey, TimeoutKind};
+pub use crate::domain::{Cause, ExpiryOutcome};
+use crate::settings::{OrdersSource, Settings, Windows};
 pub use mapped::{Mapped, MappingError};
+pub use owned::Owned;
 
-/// Whose orders.
+/// What failed attempts applied after all ([`OrderStore::applied_earlier`]):
+/// each order with the attempt's clock reading and its outcome.
+pub type AppliedEarlier = HashMap<OrderKey, (Millis, ExpiryOutcome)>;
+
+/// A store of orders the timeouts act on. Every method takes keys the store
+/// [`accept`](OrderStore::accept)ed and answers by the same keys.
+pub trait OrderStore: std::fmt::Debug + Send + Sync {
+    /// Whether timeouts of `kind` act on anything.
+    fn maps(&self, kind: TimeoutKind) -> bool;
+
+    /// An id from the wire in its canonical spelling, or why these orders
+    /// cannot have it.
+    fn accept(&self, key: &OrderKey) -> Result<OrderKey, String>;
+
+    /// Applies the timeout of `kind` to each order whose deadline has passed,
+    /// in one transaction; says for every key what it found.
+    fn expire<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &'a [OrderKey],
+        now: Millis,
+        cause: Cause,
+    ) -> BoxFuture<'a, Result<HashMap<OrderKey, ExpiryOutcome>, DbErr>>;
+
+    /// The orders among `keys` that an earlier, failed attempt of this
+    /// timeout (its clock readings: `attempts`) applied after all, its
+    /// commit's answer lost: found by the audit row it wrote. Each with the
+    /// attempt's time and `Applied` with the deadline.
+    fn applied_earlier<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &'a [OrderKey],
+        attempts: &'a [Millis],
+        cause: Cause,
+    ) -> BoxFuture<'a, Result<AppliedEarlier, DbErr>>;
+
+    /// Whether the database accepts a transition of `kind` at all: the same
+    /// statements as [`expire`](OrderStore::expire), for an id no order has.
+    /// When a batch fails and this succeeds, the batch itself is the
+    /// problem; when this fails too, the database is.
+    fn probe<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+    ) -> BoxFuture<'a, Result<(), DbErr>>;
+
+    /// The orders waiting for a timeout of `kind` at `now`, overdue meaning
+    /// past the deadline by more than `overdue_after`; `None` when timeouts
+    /// of `kind` act on nothing.
+    fn backlog<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        overdue_after: Duration,
+    ) -> BoxFuture<'a, Result<Option<Backlog>, DbErr>>;
+
+    /// One page of orders overdue by more than `grace`, with their
+    /// deadlines; `after` is the previous page's [`OverduePage::next`].
+    fn overdue<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        grace: Duration,
+        after: Option<&'a Cursor>,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<OverduePage, DbErr>>;
+}
+
+/// Raised after a transaction committed rows the outbox relay publishes
+/// (domain events, outbox rows): the relay, waiting on it, publishes them at
+/// once instead of at its next interval.
+#[derive(Debug, Clone, Default)]
+pub struct Committed(Arc<Notify>);
+
+impl Committed {
+    /// Something was committed. A raise with no one waiting is kept for the
+    /// next wait: the relay misses none.
+    fn raise(&self) {
+        self.0.notify_one();
+    }
+
+    /// Waits for the next commit (or returns at once for one raised meanwhile).
+    pub async fn wait(&self) {
+        self.0.notified().await;
+    }
+}
+
+/// The orders in use, and the signal of what commits through them.
 #[derive(Debug, Clone)]
-pub enum Orders {
-    /// The service's own tables.
-    Owned,
-    /// A shop's table, its mapping checked against the database.
-    Mapped(Arc<Mapped>),
+pub struct Orders {
+    /// The store the timeouts act on.
+    store: Arc<dyn OrderStore>,
+    /// Whether it is the service's own (which serves checkout).
+    owned: bool,
+    /// Raised after each commit the relay publishes from.
+    committed: Committed,
 }
 
 impl Orders {
+    /// The service's own orders.
+    pub fn owned() -> Self {
+        Self::of(Arc::new(Owned), true)
+    }
+
+    fn of(store: Arc<dyn OrderStore>, owned: bool) -> Self {
+        Self {
+            store,
+            owned,
+            committed: Committed::default(),
+        }
+    }
+
     /// The orders the settings name; a mapping is checked against the
     /// database first (read-only).
     pub async fn load(settings: &Settings, db: &DatabaseConnection) -> Result<Self, MappingError> {
         match settings.mapping.source {
-            OrdersSource::Owned => Ok(Self::Owned),
+            OrdersSource::Owned => Ok(Self::owned()),
             OrdersSource::Mapped => {
                 let mapped = Mapped::load(&settings.mapping, &settings.windows, db).await?;
-                Ok(Self::Mapped(Arc::new(mapped)))
+                Ok(Self::of(Arc::new(mapped), false))
             }
         }
     }
 
     /// Whether the service owns the orders (and serves checkout).
     pub fn is_owned(&self) -> bool {
-        matches!(self, Self::Owned)
+        self.owned
+    }
+
+    /// The signal raised after each commit the outbox relay publishes from.
+    pub fn committed(&self) -> &Committed {
+        &self.committed
     }
 
     /// Whether timeouts of `kind` act on anything.
     pub fn maps(&self, kind: TimeoutKind) -> bool {
-        match self {
-            Self::Owned => true,
-            Self::Mapped(m) => m.maps(kind),
-        }
+        self.store.maps(kind)
     }
 
     /// An id from the wire in its canonical spelling, or why these orders
     /// cannot have it (the service's own ids are positive integers).
     pub fn accept(&self, key: &OrderKey) -> Result<OrderKey, String> {
-        match self {
-            Self::Owned => key
-                .as_str()
-                .parse::<OrderId>()
-                .map(OrderKey::from)
-                .map_err(|e| format!("{e}: the service owns the orders (`orders.source = owned`)")),
-            Self::Mapped(m) => m.accept(key),
-        }
+        self.store.accept(key)
     }
 
     /// Applies the timeout of `kind` to each order whose deadline has passed,
     /// in one transaction; says for every key what it found. The keys were
-    /// [`accept`](Self::accept)ed.
+    /// [`accept`](Self::accept)ed. What it applied is committed with its
+    /// domain events: [`Committed`] is raised.
     pub async fn expire(
         &self,
         db: &DatabaseConnection,
@@ -76,23 +191,17 @@ impl Orders {
         now: Millis,
         cause: Cause,
     ) -> Result<HashMap<OrderKey, ExpiryOutcome>, DbErr> {
-        match self {
-            Self::Owned => {
-                let ids = owned_ids(keys);
-                let outcomes = store::expire(db, kind, &ids, now, cause).await?;
-                Ok(outcomes
-                    .into_iter()
-                    .map(|(id, outcome)| (OrderKey::from(id), outcome))
-                    .collect())
-            }
-            Self::Mapped(m) => m.expire(db, kind, keys, now, cause).await,
+        let outcomes = self.store.expire(db, kind, keys, now, cause).await?;
+        if outcomes
+            .values()
+            .any(|o| matches!(o, ExpiryOutcome::Applied { .. }))
+        {
+            self.committed.raise();
         }
+        Ok(outcomes)
     }
 
-    /// The orders among `keys` that an earlier, failed attempt of this
-    /// timeout (its clock readings: `attempts`) applied after all, its
-    /// commit's answer lost; each with the attempt's time and `Applied` with
-    /// the deadline (see [`store::applied_earlier`]).
+    /// See [`OrderStore::applied_earlier`].
     pub async fn applied_earlier(
         &self,
         db: &DatabaseConnection,
@@ -100,93 +209,21 @@ impl Orders {
         keys: &[OrderKey],
         attempts: &[Millis],
         cause: Cause,
-    ) -> Result<HashMap<OrderKey, (Millis, ExpiryOutcome)>, DbErr> {
-        match self {
-            Self::Owned => {
-                let ids = owned_ids(keys);
-                let found = store::applied_earlier(db, kind, &ids, attempts, cause).await?;
-                Ok(found
-                    .into_iter()
-                    .map(|(id, (at, deadline))| {
-                        (
-                            OrderKey::from(id),
-                            (at, ExpiryOutcome::Applied { deadline }),
-                        )
-                    })
-                    .collect())
-            }
-            Self::Mapped(m) => m.applied_earlier(db, kind, keys, attempts, cause).await,
+    ) -> Result<AppliedEarlier, DbErr> {
+        if attempts.is_empty() || keys.is_empty() {
+            return Ok(HashMap::new());
         }
-    }
-
-    /// After failed attempts of a batch (`failed`: their clock readings), the
-    /// orders among the retry's `outcomes` found no longer applicable that
-    /// one of those attempts applied after all, its commit's answer lost
-    /// ([`Orders::applied_earlier`]): what is counted is then what the
-    /// database holds. A database error here leaves them as they were.
-    pub async fn recovered(
-        &self,
-        db: &DatabaseConnection,
-        kind: TimeoutKind,
-        outcomes: &HashMap<OrderKey, ExpiryOutcome>,
-        failed: &[Millis],
-        cause: Cause,
-    ) -> HashMap<OrderKey, (Millis, ExpiryOutcome)> {
-        // Every batch passes here: nothing to look at unless an attempt failed.
-        if failed.is_empty() {
-            return HashMap::new();
-        }
-        let moved: Vec<OrderKey> = outcomes
-            .iter()
-            .filter(|(_, o)| matches!(o, ExpiryOutcome::Inapplicable { .. }))
-            .map(|(key, _)| key.clone())
-            .collect();
-        if moved.is_empty() {
-            return HashMap::new();
-        }
-        self.applied_earlier(db, kind, &moved, failed, cause)
+        self.store
+            .applied_earlier(db, kind, keys, attempts, cause)
             .await
-            .unwrap_or_default()
     }
 
-    /// After one failed attempt at `attempt` (the database answering again):
-    /// what it applied after all among `keys`, its commit's answer lost, by
-    /// its audit rows; `Applied` with the deadline each. And the keys it did
-    /// not apply, still to decide. A database error here finds nothing.
-    pub async fn applied_by(
-        &self,
-        db: &DatabaseConnection,
-        kind: TimeoutKind,
-        keys: Vec<OrderKey>,
-        attempt: Millis,
-        cause: Cause,
-    ) -> (HashMap<OrderKey, ExpiryOutcome>, Vec<OrderKey>) {
-        let applied: HashMap<OrderKey, ExpiryOutcome> = self
-            .applied_earlier(db, kind, &keys, &[attempt], cause)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(key, (_, outcome))| (key, outcome))
-            .collect();
-        let rest = keys
-            .into_iter()
-            .filter(|key| !applied.contains_key(key))
-            .collect();
-        (applied, rest)
-    }
-
-    /// Whether the database accepts a transition of `kind` at all (see
-    /// [`store::probe`]).
+    /// See [`OrderStore::probe`].
     pub async fn probe(&self, db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {
-        match self {
-            Self::Owned => store::probe(db, kind).await,
-            Self::Mapped(m) => m.probe(db, kind).await,
-        }
+        self.store.probe(db, kind).await
     }
 
-    /// The orders waiting for a timeout of `kind` at `now`, overdue meaning
-    /// past the deadline by more than `overdue_after`; `None` when timeouts
-    /// of `kind` act on nothing. The same condition as [`Orders::overdue`].
+    /// See [`OrderStore::backlog`]; the same condition as [`Orders::overdue`].
     pub async fn backlog(
         &self,
         db: &DatabaseConnection,
@@ -194,14 +231,10 @@ impl Orders {
         now: Millis,
         overdue_after: Duration,
     ) -> Result<Option<Backlog>, DbErr> {
-        match self {
-            Self::Owned => store::backlog(db, kind, now, overdue_after).await.map(Some),
-            Self::Mapped(m) => m.backlog(db, kind, overdue_after).await,
-        }
+        self.store.backlog(db, kind, now, overdue_after).await
     }
 
-    /// One page of orders overdue by more than `grace`, with their
-    /// deadlines; `after` is the previous page's [`OverduePage::next`].
+    /// See [`OrderStore::overdue`].
     pub async fn overdue(
         &self,
         db: &DatabaseConnection,
@@ -211,32 +244,123 @@ impl Orders {
         after: Option<&Cursor>,
         limit: u64,
     ) -> Result<OverduePage, DbErr> {
-        match self {
-            Self::Owned => {
-                // The service's own ids are integers: every row is readable.
-                let after = after.map(|c| {
-                    (
-                        c.raw.parse::<OrderId>().unwrap_or(OrderId::new(0)),
-                        c.deadline,
-                    )
-                });
-                let page = store::overdue(db, kind, now.minus(grace), after, limit).await?;
-                let next = page.last().map(|(id, at)| Cursor::new(id.to_string(), *at));
-                Ok(OverduePage {
-                    full: page.len() as u64 >= limit,
-                    orders: page
-                        .into_iter()
-                        .map(|(id, at)| (OrderKey::from(id), at))
-                        .collect(),
-                    next,
-                    unreadable: Unreadable::default(),
+        self.store.overdue(db, kind, now, grace, after, limit).await
+    }
+
+    /// A checkout in the service's own tables ([`store::checkout`]); the
+    /// order, its outbox row and its `created` event committed, [`Committed`]
+    /// is raised.
+    pub async fn checkout(
+        &self,
+        db: &DatabaseConnection,
+        items: &[NewItem],
+        window: Duration,
+        now: Millis,
+        key: Option<&IdempotencyKey>,
+    ) -> Result<Order, CheckoutError> {
+        let order = store::checkout(db, items, window, now, key).await?;
+        self.committed.raise();
+        Ok(order)
+    }
+
+    /// A client's action on one of the service's own orders
+    /// ([`store::act_during`]). Every action writes its domain event (pay
+    /// and ship an outbox row too), and a refused payment that is the
+    /// order's late payment writes its own: [`Committed`] is raised for each.
+    pub async fn act(
+        &self,
+        db: &DatabaseConnection,
+        id: OrderId,
+        action: Action,
+        windows: &Windows,
+        now: Millis,
+        deadline: Deadline,
+    ) -> Result<Order, TransitionError> {
+        let acted = store::act_during(db, id, action, windows, now, deadline).await;
+        if matches!(
+            acted,
+            Ok(_)
+                | Err(TransitionError::Conflict {
+                    late_payment: true,
+                    ..
                 })
-            }
-            Self::Mapped(m) => {
-                m.overdue(db, kind, now, grace, after.map(|c| c.raw.as_str()), limit)
-                    .await
-            }
+        ) {
+            self.committed.raise();
         }
+        acted
+    }
+}
+
+impl OrderStore for Mapped {
+    fn maps(&self, kind: TimeoutKind) -> bool {
+        Mapped::maps(self, kind)
+    }
+
+    fn accept(&self, key: &OrderKey) -> Result<OrderKey, String> {
+        Mapped::accept(self, key)
+    }
+
+    fn expire<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &'a [OrderKey],
+        now: Millis,
+        cause: Cause,
+    ) -> BoxFuture<'a, Result<HashMap<OrderKey, ExpiryOutcome>, DbErr>> {
+        Box::pin(Mapped::expire(self, db, kind, keys, now, cause))
+    }
+
+    fn applied_earlier<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        keys: &'a [OrderKey],
+        attempts: &'a [Millis],
+        cause: Cause,
+    ) -> BoxFuture<'a, Result<AppliedEarlier, DbErr>> {
+        Box::pin(Mapped::applied_earlier(
+            self, db, kind, keys, attempts, cause,
+        ))
+    }
+
+    fn probe<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+    ) -> BoxFuture<'a, Result<(), DbErr>> {
+        Box::pin(Mapped::probe(self, db, kind))
+    }
+
+    fn backlog<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        _now: Millis,
+        overdue_after: Duration,
+    ) -> BoxFuture<'a, Result<Option<Backlog>, DbErr>> {
+        // The shop's table is judged by the database's own clock.
+        Box::pin(Mapped::backlog(self, db, kind, overdue_after))
+    }
+
+    fn overdue<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        grace: Duration,
+        after: Option<&'a Cursor>,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<OverduePage, DbErr>> {
+        Box::pin(Mapped::overdue(
+            self,
+            db,
+            kind,
+            now,
+            grace,
+            after.map(|c| c.raw.as_str()),
+            limit,
+        ))
     }
 }
 
@@ -306,11 +430,4 @@ impl Unreadable {
     pub fn total(&self) -> u64 {
         self.counts.values().sum()
     }
-}
-
-/// Accepted keys of the owned mode are positive integers.
-fn owned_ids(keys: &[OrderKey]) -> Vec<OrderId> {
-    keys.iter()
-        .map(|k| k.as_str().parse::<OrderId>().unwrap_or(OrderId::new(0)))
-        .collect()
 }
