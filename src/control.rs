@@ -72,6 +72,22 @@ impl Pausable {
         Self::ALL.iter().position(|r| *r == self).unwrap_or(0)
     }
 
+    /// The roles in prose, for help texts: `payment, fulfillment, receipt
+    /// (the consumer of that kind), router, relay or sweeper`.
+    pub fn help() -> String {
+        let kinds = TimeoutKind::ALL.map(TimeoutKind::as_str).join(", ");
+        format!("{kinds} (the consumer of that kind), router, relay or sweeper")
+    }
+
+    /// The names of every role as a sentence: `payment, …, relay or sweeper`.
+    pub fn names_in_prose() -> String {
+        let names = Self::ALL.map(Self::as_str);
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
+    }
+
     /// The names of every role, for errors: `payment, fulfillment, …`.
     pub fn names() -> String {
         Self::ALL.map(Self::as_str).join(", ")
@@ -238,6 +254,14 @@ mod tests {
         }
         let err = "consumer".parse::<Pausable>().unwrap_err();
         assert!(err.contains("payment, fulfillment, receipt, router, relay, sweeper"));
+        assert_eq!(
+            Pausable::help(),
+            "payment, fulfillment, receipt (the consumer of that kind), router, relay or sweeper"
+        );
+        assert_eq!(
+            Pausable::names_in_prose(),
+            "payment, fulfillment, receipt, router, relay or sweeper"
+        );
     }
 
     #[tokio::test]

@@ -304,11 +304,6 @@ pub const DIAGRAM: [Edge; 7] = {
             ..moves(By(Pay), PendingPayment, Paid, "paid")
         },
         Edge {
-            stamps: "cancelled_at_ms",
-            stock: Release,
-            ..moves(By(Cancel), PendingPayment, Cancelled, "cancelled")
-        },
-        Edge {
             stamps: "shipped_at_ms",
             starts: Some(Receipt),
             ..moves(By(Ship), Paid, Shipped, "shipped")
@@ -316,6 +311,11 @@ pub const DIAGRAM: [Edge; 7] = {
         Edge {
             stamps: "completed_at_ms",
             ..moves(By(Confirm), Shipped, Completed, "completed")
+        },
+        Edge {
+            stamps: "cancelled_at_ms",
+            stock: Release,
+            ..moves(By(Cancel), PendingPayment, Cancelled, "cancelled")
         },
         Edge {
             stamps: "cancelled_at_ms",
@@ -334,6 +334,68 @@ pub const DIAGRAM: [Edge; 7] = {
         },
     ]
 };
+
+/// The event of a checkout: the order's first status, walked by no edge.
+pub const CREATED: &str = "created";
+
+/// The event of a payment refused because a timeout had cancelled its order.
+pub const LATE_PAYMENT: &str = "late_payment";
+
+/// Every event name an order's life records (audit rows, domain events):
+/// [`CREATED`], each edge's event once in [`DIAGRAM`] order, [`LATE_PAYMENT`].
+pub const EVENTS: [&str; EVENT_COUNT] = {
+    let mut events = [CREATED; EVENT_COUNT];
+    let mut n = 1;
+    let mut i = 0;
+    while i < DIAGRAM.len() {
+        if first_of_its_event(i) {
+            events[n] = DIAGRAM[i].event;
+            n += 1;
+        }
+        i += 1;
+    }
+    events[n] = LATE_PAYMENT;
+    events
+};
+
+const EVENT_COUNT: usize = {
+    let mut n = 2;
+    let mut i = 0;
+    while i < DIAGRAM.len() {
+        if first_of_its_event(i) {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+};
+
+/// Whether no edge before `DIAGRAM[i]` has its event (const: no iterators,
+/// no `==` on strings).
+const fn first_of_its_event(i: usize) -> bool {
+    let mut j = 0;
+    while j < i {
+        if same(DIAGRAM[j].event.as_bytes(), DIAGRAM[i].event.as_bytes()) {
+            return false;
+        }
+        j += 1;
+    }
+    true
+}
+
+const fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 
 /// The edge `by` walks. Every trigger has exactly one (a unit test checks).
 pub fn edge(by: Trigger) -> Edge {
@@ -650,6 +712,22 @@ mod tests {
                 assert!(DIAGRAM.iter().all(|o| o == &e || o.stamps != e.stamps));
             }
         }
+    }
+
+    #[test]
+    fn the_events_are_the_diagrams_once_each() {
+        assert_eq!(
+            EVENTS,
+            [
+                "created",
+                "paid",
+                "shipped",
+                "completed",
+                "cancelled",
+                "fulfillment_overdue",
+                "late_payment",
+            ]
+        );
     }
 
     #[test]

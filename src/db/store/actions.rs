@@ -132,7 +132,7 @@ async fn refused(
             cancelled.to_rfc3339()
         );
         let status = OrderStatus::Cancelled;
-        let event = "late_payment";
+        let event = crate::domain::LATE_PAYMENT;
         record(
             &txn,
             &[id],

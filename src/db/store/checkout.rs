@@ -121,7 +121,17 @@ async fn create_order(
     let id = OrderId::new(order.id);
     enqueue(txn, id, TimeoutKind::Payment, deadline, now).await?;
     let pending = OrderStatus::PendingPayment;
-    record(txn, &[id], "created", None, pending, Cause::Api, now, None).await?;
+    record(
+        txn,
+        &[id],
+        crate::domain::CREATED,
+        None,
+        pending,
+        Cause::Api,
+        now,
+        None,
+    )
+    .await?;
     let items = items
         .into_iter()
         .map(|i| Item {
