@@ -88,17 +88,8 @@ async fn applied(
     if let Some((kind, deadline)) = timeout {
         enqueue(&txn, id, kind, deadline, now).await?;
     }
-    let lines = record(
-        &txn,
-        &[id],
-        e.event,
-        Some(e.from),
-        e.to,
-        Cause::Api,
-        now,
-        None,
-    )
-    .await?;
+    let (from, to) = (Some(e.from), e.to);
+    let lines = record(&txn, &[id], e.event, from, to, Cause::Api, now, None).await?;
     move_edge_stock(&txn, &e, &[id], &lines, now).await?;
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
     txn.commit().await?;
