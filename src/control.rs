@@ -38,14 +38,24 @@ pub enum Pausable {
 
 impl Pausable {
     /// Every pausable role, in the order `ctl status` lists them.
-    pub const ALL: [Pausable; 6] = [
-        Self::Consumer(TimeoutKind::Payment),
-        Self::Consumer(TimeoutKind::Fulfillment),
-        Self::Consumer(TimeoutKind::Receipt),
-        Self::Router,
-        Self::Relay,
-        Self::Sweeper,
-    ];
+    pub const ALL: [Pausable; TimeoutKind::ALL.len() + Self::OTHERS.len()] = {
+        // One consumer per kind, then the others (loops: no iterators in a const).
+        let mut roles = [Self::Router; TimeoutKind::ALL.len() + Self::OTHERS.len()];
+        let mut i = 0;
+        while i < TimeoutKind::ALL.len() {
+            roles[i] = Self::Consumer(TimeoutKind::ALL[i]);
+            i += 1;
+        }
+        let mut j = 0;
+        while j < Self::OTHERS.len() {
+            roles[i + j] = Self::OTHERS[j];
+            j += 1;
+        }
+        roles
+    };
+
+    /// The roles that are not a kind's consumer.
+    const OTHERS: [Pausable; 3] = [Self::Router, Self::Relay, Self::Sweeper];
 
     /// The role's name in the API, the CLI and the `paused{role}` gauge: a
     /// consumer is named by its kind.
@@ -60,6 +70,22 @@ impl Pausable {
 
     fn index(self) -> usize {
         Self::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+
+    /// The roles in prose, for help texts: `payment, fulfillment, receipt
+    /// (the consumer of that kind), router, relay or sweeper`.
+    pub fn help() -> String {
+        let kinds = TimeoutKind::ALL.map(TimeoutKind::as_str).join(", ");
+        format!("{kinds} (the consumer of that kind), router, relay or sweeper")
+    }
+
+    /// The names of every role as a sentence: `payment, …, relay or sweeper`.
+    pub fn names_in_prose() -> String {
+        let names = Self::ALL.map(Self::as_str);
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
     }
 
     /// The names of every role, for errors: `payment, fulfillment, …`.
@@ -90,18 +116,21 @@ impl FromStr for Pausable {
     }
 }
 
+/// How many roles there are.
+const ROLES: usize = Pausable::ALL.len();
+
 /// Which roles are paused, and since when.
 #[derive(Debug)]
 pub struct Pauses {
     /// One flag per role, in [`Pausable::ALL`]'s order; roles wait on changes.
-    flags: watch::Sender<[bool; 6]>,
+    flags: watch::Sender<[bool; ROLES]>,
     /// When each paused role was paused.
-    since: Mutex<[Option<Millis>; 6]>,
+    since: Mutex<[Option<Millis>; ROLES]>,
     /// One gate per role, in [`Pausable::ALL`]'s order: held shared by each
     /// of the role's transactions that change orders, taken exclusively by
     /// a pause to wait for them. Tokio's lock is fair: a transaction that
     /// comes while a pause waits queues behind it, then finds the flag set.
-    gates: [RwLock<()>; 6],
+    gates: [RwLock<()>; ROLES],
 }
 
 /// Leave for one transaction to change orders on behalf of some roles, from
@@ -116,8 +145,8 @@ pub struct Pass<'a> {
 impl Default for Pauses {
     fn default() -> Self {
         Self {
-            flags: watch::Sender::new([false; 6]),
-            since: Mutex::new([None; 6]),
+            flags: watch::Sender::new([false; ROLES]),
+            since: Mutex::new([None; ROLES]),
             gates: std::array::from_fn(|_| RwLock::new(())),
         }
     }
@@ -188,8 +217,8 @@ impl Pauses {
     }
 
     /// `(role, paused since)` for every role; `None` when it runs.
-    pub fn snapshot(&self) -> [(Pausable, Option<Millis>); 6] {
-        let since = self.since.lock().map(|s| *s).unwrap_or([None; 6]);
+    pub fn snapshot(&self) -> [(Pausable, Option<Millis>); ROLES] {
+        let since = self.since.lock().map(|s| *s).unwrap_or([None; ROLES]);
         let flags = *self.flags.borrow();
         std::array::from_fn(|i| (Pausable::ALL[i], since[i].filter(|_| flags[i])))
     }
@@ -225,6 +254,14 @@ mod tests {
         }
         let err = "consumer".parse::<Pausable>().unwrap_err();
         assert!(err.contains("payment, fulfillment, receipt, router, relay, sweeper"));
+        assert_eq!(
+            Pausable::help(),
+            "payment, fulfillment, receipt (the consumer of that kind), router, relay or sweeper"
+        );
+        assert_eq!(
+            Pausable::names_in_prose(),
+            "payment, fulfillment, receipt, router, relay or sweeper"
+        );
     }
 
     #[tokio::test]

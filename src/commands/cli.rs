@@ -78,8 +78,8 @@ pub enum Command {
         /// The order's id.
         #[arg(long)]
         order_id: String,
-        /// payment, fulfillment or receipt.
-        #[arg(long, default_value = "payment")]
+        /// The kind (help: every kind, from the domain's table).
+        #[arg(long, default_value = "payment", help = crate::domain::TimeoutKind::names())]
         kind: String,
         /// How long until it is due (humantime: 30s, 15m, 2h).
         #[arg(long = "in", value_name = "DURATION")]

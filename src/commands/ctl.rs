@@ -21,8 +21,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 pub enum CtlAction {
     /// Show every role (paused or running) and what a reload left for a restart.
     Status,
-    /// Pause a role: payment, fulfillment, receipt (the consumer of that
-    /// kind), router, relay or sweeper.
+    /// Pause a role (the kinds and roles are named from their tables).
+    #[command(about = format!("Pause a role: {}", crate::control::Pausable::help()))]
     Pause {
         /// The role.
         role: String,

@@ -31,16 +31,8 @@ use crate::domain::Millis;
 pub const CONTRACT_VERSION: u32 = 1;
 
 /// Every event name a transition publishes, each the last word of its
-/// routing key `order.<event>`.
-pub const EVENTS: [&str; 7] = [
-    "created",
-    "paid",
-    "shipped",
-    "completed",
-    "cancelled",
-    "fulfillment_overdue",
-    "late_payment",
-];
+/// routing key `order.<event>`: the state diagram's.
+pub use crate::domain::EVENTS;
 
 /// One committed transition (or a late payment refused), as the event that
 /// tells it.

@@ -154,7 +154,7 @@ pub(super) async fn status(State(ctx): State<Arc<Context>>) -> Json<StatusView> 
     post,
     path = "/admin/pause/{role}",
     tag = "admin",
-    params(("role" = String, Path, description = "payment, fulfillment, receipt (the consumer of that kind), router, relay or sweeper")),
+    params(("role" = String, Path, description = Pausable::help())),
     responses(
         (status = 200, description = "Paused: a consumer or the router settles what it holds and leaves the rest in its queue; the relay and the sweeper skip their rounds. The sweeper also leaves a paused consumer's kind alone. Answered once the role's transactions under way have ended: from then on none of its changes starts until it is resumed", body = PauseView),
         (status = 400, description = "No such role", body = ErrorBody),
@@ -172,7 +172,7 @@ pub(super) async fn pause(
     post,
     path = "/admin/resume/{role}",
     tag = "admin",
-    params(("role" = String, Path, description = "payment, fulfillment, receipt, router, relay or sweeper")),
+    params(("role" = String, Path, description = Pausable::names_in_prose())),
     responses(
         (status = 200, description = "Running again: a consumer catches up with what waited in its queue, late and never early", body = PauseView),
         (status = 400, description = "No such role", body = ErrorBody),

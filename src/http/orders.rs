@@ -418,9 +418,11 @@ pub(super) async fn ship_order(
 /// One action on one order, answered with the order after it.
 async fn act(ctx: &Context, id: &str, action: Action) -> Result<Response, ApiError> {
     let id = parse_id(id)?;
-    // While an operator has payment timeouts paused, an order still waiting
-    // for its payment takes it, even after its deadline.
-    let deadline = if ctx.pauses.kind_paused(crate::domain::TimeoutKind::Payment) {
+    // While an operator has the timeouts this action races paused (payment
+    // timeouts, for a payment), an order still waiting for it takes it, even
+    // after its deadline.
+    let races = crate::domain::edge(crate::domain::Trigger::Action(action)).within;
+    let deadline = if races.is_some_and(|kind| ctx.pauses.kind_paused(kind)) {
         store::Deadline::Paused
     } else {
         store::Deadline::Enforced

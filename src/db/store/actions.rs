@@ -3,6 +3,7 @@
 use sea_orm::UpdateMany;
 
 use super::*;
+use crate::domain::{Trigger, edge};
 
 /// Applies a client's action to an order, with its side effects, in one
 /// transaction: pay moves reserved stock to sold and starts the fulfillment
@@ -50,54 +51,27 @@ pub async fn act_during(
     refused(txn, id, action, now).await
 }
 
-/// The action's conditional update (from the one status the diagram allows,
-/// and for a payment, inside the window unless the deadline is paused) and
-/// the timeout it starts, if any.
+/// The action's conditional update, by its edge of the diagram (from the one
+/// status it allows, stamping its column, starting its window, and inside
+/// the window it races unless that timeout is paused), and the timeout it
+/// starts, if any.
 fn conditional_update(
     id: OrderId,
     action: Action,
     windows: &Windows,
     now: Millis,
-    pay_deadline: Deadline,
+    deadline: Deadline,
 ) -> (UpdateMany<orders::Entity>, Option<(TimeoutKind, Millis)>) {
-    let (from, to) = action.edge();
-    let update = orders::Entity::update_many()
-        .col_expr(orders::Column::Status, Expr::value(to.as_str()))
-        .col_expr(
-            orders::Column::Version,
-            Expr::col(orders::Column::Version).add(1),
-        )
-        .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
-        .filter(orders::Column::Id.eq(id.get()))
-        .filter(orders::Column::Status.eq(from.as_str()));
-    match action {
-        Action::Pay => {
-            let deadline = now.plus(windows.fulfillment);
-            let update = update
-                .col_expr(orders::Column::PaidAtMs, Expr::value(now.0))
-                .col_expr(orders::Column::ShipDeadlineMs, Expr::value(deadline.0));
-            let update = match pay_deadline {
-                Deadline::Enforced => update.filter(orders::Column::PayDeadlineMs.gt(now.0)),
-                Deadline::Paused => update,
-            };
-            (update, Some((TimeoutKind::Fulfillment, deadline)))
-        }
-        Action::Ship => {
-            let deadline = now.plus(windows.receipt);
-            let update = update
-                .col_expr(orders::Column::ShippedAtMs, Expr::value(now.0))
-                .col_expr(orders::Column::ConfirmDeadlineMs, Expr::value(deadline.0));
-            (update, Some((TimeoutKind::Receipt, deadline)))
-        }
-        Action::Confirm => (
-            update.col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
-            None,
-        ),
-        Action::Cancel => (
-            update.col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
-            None,
-        ),
+    let e = edge(Trigger::Action(action));
+    let mut update = edge_update(&e, now).filter(orders::Column::Id.eq(id.get()));
+    if let (Some(races), Deadline::Enforced) = (e.within, deadline) {
+        update = update.filter(deadline_column(races).gt(now.0));
     }
+    let timeout = e.starts.map(|kind| (kind, now.plus(window(windows, kind))));
+    if let Some((kind, at)) = timeout {
+        update = update.col_expr(deadline_column(kind), Expr::value(at.0));
+    }
+    (update, timeout)
 }
 
 /// The action won: its timeout in the outbox, its audit row, its stock move.
@@ -110,17 +84,13 @@ async fn applied(
     timeout: Option<(TimeoutKind, Millis)>,
     now: Millis,
 ) -> Result<Order, TransitionError> {
-    let (from, to) = action.edge();
+    let e = edge(Trigger::Action(action));
     if let Some((kind, deadline)) = timeout {
         enqueue(&txn, id, kind, deadline, now).await?;
     }
-    let event = crate::domain::edge(crate::domain::Trigger::Action(action)).event;
-    let lines = record(&txn, &[id], event, Some(from), to, Cause::Api, now, None).await?;
-    match action {
-        Action::Pay => move_stock(&txn, &[id], Stock::Reserved, Stock::Sold, now).await?,
-        Action::Cancel => move_lines(&txn, &lines, Stock::Reserved, Stock::Available, now).await?,
-        Action::Ship | Action::Confirm => {}
-    }
+    let (from, to) = (Some(e.from), e.to);
+    let lines = record(&txn, &[id], e.event, from, to, Cause::Api, now, None).await?;
+    move_edge_stock(&txn, &e, &[id], &lines, now).await?;
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
     txn.commit().await?;
     Ok(order)
@@ -138,12 +108,11 @@ async fn refused(
     now: Millis,
 ) -> Result<Order, TransitionError> {
     let (from, to) = action.edge();
-    let late_payment = if action == Action::Pay {
-        apply_expiry(&txn, TimeoutKind::Payment, &[id], now, Cause::Timeout).await?;
-        first_late_payment(&txn, id, now).await?
-    } else {
-        false
-    };
+    // The timeout this action races may not have acted yet: it acts first.
+    if let Some(races) = edge(Trigger::Action(action)).within {
+        apply_expiry(&txn, races, &[id], now, Cause::Timeout).await?;
+    }
+    let late_payment = action == Action::Pay && first_late_payment(&txn, id, now).await?;
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
     let closed = order.pay_deadline.to_rfc3339();
     let reason = if late_payment {
@@ -154,7 +123,7 @@ async fn refused(
             cancelled.to_rfc3339()
         );
         let status = OrderStatus::Cancelled;
-        let event = "late_payment";
+        let event = crate::domain::LATE_PAYMENT;
         record(
             &txn,
             &[id],

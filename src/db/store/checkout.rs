@@ -2,6 +2,7 @@
 //! outbox and its idempotency key, in one transaction.
 
 use super::*;
+use crate::domain::CREATED;
 
 /// Creates an order: reserves stock, writes the order `pending_payment`, its
 /// items, and the outbox row of its payment timeout, in one transaction. Short
@@ -121,7 +122,7 @@ async fn create_order(
     let id = OrderId::new(order.id);
     enqueue(txn, id, TimeoutKind::Payment, deadline, now).await?;
     let pending = OrderStatus::PendingPayment;
-    record(txn, &[id], "created", None, pending, Cause::Api, now, None).await?;
+    record(txn, &[id], CREATED, None, pending, Cause::Api, now, None).await?;
     let items = items
         .into_iter()
         .map(|i| Item {

@@ -74,7 +74,7 @@ pub async fn applied_earlier(
     if attempts.is_empty() {
         return Ok(found);
     }
-    let event = crate::domain::edge(crate::domain::Trigger::Timeout(kind)).event;
+    let event = kind.edge().event;
     for chunk in ids.chunks(LIST_CHUNK) {
         let at: HashMap<i64, i64> = order_events::Entity::find()
             .filter(order_events::Column::OrderId.is_in(chunk.iter().map(|id| id.get())))
@@ -113,12 +113,26 @@ pub async fn probe(db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbE
         .map(|_| ())
 }
 
+/// Whether a flag-only timeout has not flagged the order yet (always, for
+/// one that moves it).
 fn not_flagged(kind: TimeoutKind, order: &orders::Model) -> bool {
-    kind != TimeoutKind::Fulfillment || order.fulfillment_overdue_at_ms.is_none()
+    let e = kind.edge();
+    !e.flag_only || matches!(order.get(column(e.stamps)), sea_orm::Value::BigInt(None))
 }
 
-/// The conditional update of a timeout, its side effects (stock release for a
-/// payment timeout) and its audit rows. Returns the ids it changed with their
+/// The sweeper's and the gauges' condition on top of the status: a
+/// flag-only timeout leaves the orders it flagged alone.
+fn unflagged<Q: QueryFilter>(kind: TimeoutKind, query: Q) -> Q {
+    let e = kind.edge();
+    if e.flag_only {
+        query.filter(column(e.stamps).is_null())
+    } else {
+        query
+    }
+}
+
+/// The conditional update of a timeout, its side effects (its edge's stock
+/// move) and its audit rows. Returns the ids it changed with their
 /// deadlines.
 pub(super) async fn apply_expiry(
     txn: &DatabaseTransaction,
@@ -149,39 +163,18 @@ pub(super) async fn apply_expiry(
     // the stock rows, which every concurrent batch also wants, are locked
     // last, so that they are held for the shortest time.
     let lines = record(txn, &changed, event, from, to, cause, now, None).await?;
-    if kind == TimeoutKind::Payment {
-        move_lines(txn, &lines, Stock::Reserved, Stock::Available, now).await?;
-    }
+    move_edge_stock(txn, &kind.edge(), &changed, &lines, now).await?;
     Ok(applied)
 }
 
-/// The conditional update of a timeout of `kind` (from the status it acts on,
+/// The conditional update of a timeout of `kind` (its edge of the diagram,
 /// deadline passed), with its audit event and the status it leads to.
 fn expiry_update(
     kind: TimeoutKind,
     now: Millis,
 ) -> (UpdateMany<orders::Entity>, &'static str, OrderStatus) {
-    let edge = crate::domain::edge(crate::domain::Trigger::Timeout(kind));
-    let update = orders::Entity::update_many()
-        .col_expr(
-            orders::Column::Version,
-            Expr::col(orders::Column::Version).add(1),
-        )
-        .col_expr(orders::Column::UpdatedAtMs, Expr::value(now.0))
-        .filter(orders::Column::Status.eq(edge.from.as_str()))
-        .filter(deadline_column(kind).lte(now.0));
-    let update = match kind {
-        TimeoutKind::Payment => update
-            .col_expr(orders::Column::Status, Expr::value(edge.to.as_str()))
-            .col_expr(orders::Column::CancelledAtMs, Expr::value(now.0)),
-        // Flagged, not cancelled: the goods are paid for; people must act.
-        TimeoutKind::Fulfillment => update
-            .col_expr(orders::Column::FulfillmentOverdueAtMs, Expr::value(now.0))
-            .filter(orders::Column::FulfillmentOverdueAtMs.is_null()),
-        TimeoutKind::Receipt => update
-            .col_expr(orders::Column::Status, Expr::value(edge.to.as_str()))
-            .col_expr(orders::Column::CompletedAtMs, Expr::value(now.0)),
-    };
+    let edge = kind.edge();
+    let update = edge_update(&edge, now).filter(deadline_column(kind).lte(now.0));
     (update, edge.event, edge.to)
 }
 
@@ -242,9 +235,7 @@ pub async fn overdue(
         .column(deadline)
         .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
         .filter(deadline.lt(before.0));
-    if kind == TimeoutKind::Fulfillment {
-        query = query.filter(orders::Column::FulfillmentOverdueAtMs.is_null());
-    }
+    query = unflagged(kind, query);
     if let Some((id, at)) = after {
         query = query.filter(
             Condition::any().add(deadline.gt(at.0)).add(
@@ -300,9 +291,7 @@ pub async fn backlog(
         .expr(overdue.count())
         .expr(Expr::col(deadline).min())
         .filter(orders::Column::Status.eq(kind.acts_on().as_str()));
-    if kind == TimeoutKind::Fulfillment {
-        query = query.filter(orders::Column::FulfillmentOverdueAtMs.is_null());
-    }
+    query = unflagged(kind, query);
     let (pending, overdue, oldest): (i64, i64, Option<i64>) = query
         .into_tuple()
         .one(db)

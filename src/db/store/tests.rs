@@ -585,3 +585,12 @@ async fn backlog_counts_what_waits_and_what_is_overdue() {
         .unwrap();
     assert_eq!(receipt, Backlog::default());
 }
+
+#[test]
+fn every_column_the_domain_names_is_an_orders_column() {
+    let kinds = crate::domain::KINDS.iter().map(|k| k.deadline);
+    let stamps = crate::domain::DIAGRAM.iter().map(|e| e.stamps);
+    for name in kinds.chain(stamps) {
+        assert!(name.parse::<orders::Column>().is_ok(), "{name}");
+    }
+}

@@ -23,7 +23,7 @@ mod record;
 mod schema;
 pub mod sql;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use sea_orm::{
@@ -33,7 +33,7 @@ use sea_orm::{
 
 use super::{Cursor, OverduePage};
 use crate::db::store::{Backlog, Cause, ExpiryOutcome, LIST_CHUNK};
-use crate::domain::{MAX_ORDER_KEY_BYTES, Millis, OrderKey, TimeoutKind};
+use crate::domain::{MAX_ORDER_KEY_BYTES, Millis, OrderKey, StockMove, TimeoutKind};
 pub use schema::MappingError;
 use sql::{Clock, Dialect, Sql, Ty};
 
@@ -54,8 +54,8 @@ pub struct Mapped {
     status: String,
     /// The column stamped with the database's now by every transition.
     stamp: Option<(String, Ty)>,
-    /// Per kind (in `TimeoutKind::ALL` order), how it moves an order.
-    kinds: [Option<KindSql>; 3],
+    /// Per kind the mapping maps, how it moves an order.
+    kinds: BTreeMap<TimeoutKind, KindSql>,
     /// Stock given back by a payment timeout.
     stock: Option<StockSql>,
     /// The operator's release statements.
@@ -156,7 +156,7 @@ struct StockSql {
 impl Mapped {
     /// The kind's transition, when the mapping has one.
     fn kind(&self, kind: TimeoutKind) -> Option<&KindSql> {
-        self.kinds[kind as usize].as_ref()
+        self.kinds.get(&kind)
     }
 
     /// Whether timeouts of `kind` act on the shop's table.
@@ -261,7 +261,7 @@ impl Mapped {
                 .await?;
             outcomes.insert(key.clone(), outcome);
         }
-        let released = if kind == TimeoutKind::Payment && !applied.is_empty() {
+        let released = if kind.edge().stock == StockMove::Release && !applied.is_empty() {
             self.release(&txn, &applied).await?
         } else {
             HashMap::new()
@@ -292,7 +292,7 @@ impl Mapped {
         if attempts.is_empty() {
             return Ok(found);
         }
-        let event = crate::domain::edge(crate::domain::Trigger::Timeout(kind)).event;
+        let event = kind.edge().event;
         let mut at: HashMap<String, i64> = HashMap::new();
         for chunk in keys.chunks(LIST_CHUNK) {
             let mut sql = Sql::new(self.dialect);

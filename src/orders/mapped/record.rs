@@ -10,7 +10,7 @@ use super::sql::Sql;
 use super::{KindSql, Mapped, Target};
 use crate::db::events::{self, DomainEvent};
 use crate::db::store::{Cause, LIST_CHUNK};
-use crate::domain::{Millis, OrderKey, TimeoutKind, Trigger, edge};
+use crate::domain::{Millis, OrderKey, StockMove, TimeoutKind};
 
 impl Mapped {
     /// Audit rows and events for the orders a timeout of `kind` changed;
@@ -26,7 +26,7 @@ impl Mapped {
         cause: Cause,
         now: Millis,
     ) -> Result<(), DbErr> {
-        let event = edge(Trigger::Timeout(kind)).event;
+        let event = kind.edge().event;
         let to = match &k.target {
             Target::Status(_, to) => to.clone(),
             Target::Flag(..) => k.from_text.clone(),
@@ -68,7 +68,7 @@ impl Mapped {
                 from: Some(k.from_text.clone()),
                 to: to.clone(),
                 at: now,
-                released: (kind == TimeoutKind::Payment)
+                released: (kind.edge().stock == StockMove::Release)
                     .then(|| released.get(key).cloned().unwrap_or_default()),
             })
             .collect();

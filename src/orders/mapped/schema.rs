@@ -326,27 +326,23 @@ impl Mapped {
             m.status_column,
             orders.types[&m.status_column]
         )];
-        let mut kinds = [None, None, None];
+        let mut kinds = BTreeMap::new();
         for kind in TimeoutKind::ALL {
             let km = m.kind(kind);
             if !km.is_mapped() {
                 findings.push(format!("{kind}: not mapped (its timeouts are parked)"));
                 continue;
             }
-            let window = match kind {
-                TimeoutKind::Payment => windows.payment,
-                TimeoutKind::Fulfillment => windows.fulfillment,
-                TimeoutKind::Receipt => windows.receipt,
-            };
+            let window = crate::db::store::window(windows, kind);
             let (k, found) = kind_sql(dialect, &orders, kind, km, &status_ty, window)?;
             findings.push(found);
-            kinds[kind as usize] = Some(k);
+            kinds.insert(kind, k);
         }
         // The zone matters only to a column without one; a mapping with none
         // such starts whatever the server lets this role read of its default.
         let zone_less = |ty: &Ty| matches!(ty, Ty::Time { zoned: false });
         let needed = stamp.as_ref().is_some_and(|(_, ty)| zone_less(ty))
-            || kinds.iter().flatten().any(|k: &KindSql| {
+            || kinds.values().any(|k: &KindSql| {
                 zone_less(&k.deadline_ty)
                     || matches!(&k.target, Target::Flag(_, ty) if zone_less(ty))
             });
