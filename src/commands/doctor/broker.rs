@@ -6,9 +6,9 @@ use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ExchangeKind};
 
+use crate::amqp;
 use crate::amqp::management::Management;
 use crate::amqp::topology::{self, Mode, Names, probe_plugin};
-use crate::amqp;
 use crate::settings::{DelayMode, Settings, redact_url};
 
 use super::Report;
