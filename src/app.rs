@@ -78,7 +78,7 @@ impl Application {
         }
         let ctx = Arc::new(ctx);
         let s = &ctx.settings;
-        ctx.events.starting(
+        ctx.telemetry.starting(
             &s.database.url.redacted(),
             backend,
             &s.amqp.url.redacted(),
@@ -102,14 +102,14 @@ impl Application {
     /// Runs every component until `shutdown` fires, then drains them.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let ctx = self.ctx;
-        ctx.events
+        ctx.telemetry
             .listening(&self.listener.local_addr()?.to_string());
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(server::serve(
             self.listener,
             http::router(ctx.clone()),
             ctx.settings.http.clone(),
-            ctx.events.clone(),
+            ctx.telemetry.clone(),
             shutdown.clone(),
         ));
         if ctx.settings.relay.enabled {
@@ -156,13 +156,13 @@ impl Application {
         }
 
         shutdown.cancelled().await;
-        ctx.events.shutting_down();
+        ctx.telemetry.shutting_down();
         let drained = tokio::time::timeout(SHUTDOWN_LIMIT, async {
             while tasks.join_next().await.is_some() {}
         })
         .await;
         if drained.is_err() {
-            ctx.events.shutdown_abandoned(SHUTDOWN_LIMIT);
+            ctx.telemetry.shutdown_abandoned(SHUTDOWN_LIMIT);
             tasks.abort_all();
         }
         // A database that stopped answering must not keep the process from
@@ -172,9 +172,9 @@ impl Application {
         })
         .await;
         if closed.is_err() {
-            ctx.events.pools_left_open(CLOSE_LIMIT);
+            ctx.telemetry.pools_left_open(CLOSE_LIMIT);
         }
-        ctx.events.stopped();
+        ctx.telemetry.stopped();
         Ok(())
     }
 }

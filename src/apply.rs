@@ -225,7 +225,8 @@ pub async fn apply(
                 // broker keeps the rest, and nothing spins meanwhile.
                 OnRefusal::Persist(shutdown) => {
                     let delay = outage.next_delay();
-                    ctx.events.paused(kind.as_str(), &error.to_string(), delay);
+                    ctx.telemetry
+                        .paused(kind.as_str(), &error.to_string(), delay);
                     if !pause(shutdown, delay).await {
                         return None;
                     }
@@ -239,7 +240,8 @@ pub async fn apply(
                 }
             }
         } else if part.len() > 1 {
-            ctx.events.batch_split(kind, part.len(), &error.to_string());
+            ctx.telemetry
+                .batch_split(kind, part.len(), &error.to_string());
             let (left, right) = part.split_at(part.len() / 2);
             parts.push((right.to_vec(), 0));
             parts.push((left.to_vec(), 0));
@@ -274,7 +276,7 @@ async fn recover(
     if found.is_empty() {
         return false;
     }
-    ctx.events.commit_answer_lost(kind, found.len());
+    ctx.telemetry.commit_answer_lost(kind, found.len());
     for (key, (at, outcome)) in found {
         // The lost commit's outcome replaces the retry's `Inapplicable`.
         decided.outcomes.remove(&key);

@@ -1,5 +1,5 @@
 //! What the components share, below every one of them: the settings, the
-//! database pools, the events, the live health of the dependencies, and the
+//! database pools, the telemetry, the live health of the dependencies, and the
 //! delay mode once resolved. The subsystems (`amqp`, `http`, `sweeper`) take an
 //! `Arc<Context>`; `app` builds it and starts them.
 
@@ -11,10 +11,10 @@ use tokio::sync::OnceCell;
 
 use crate::broker::{Mode, Names};
 use crate::control::Pauses;
-use crate::events::Events;
 use crate::orders::Orders;
 use crate::reload::{ReloadError, Reloaded, Reloader};
 use crate::settings::{Settings, SettingsSource};
+use crate::telemetry::Telemetry;
 
 /// A connection of the service to the broker, one per role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub struct Context {
     /// Whose orders the timeouts act on.
     pub orders: Orders,
     /// Logs and metrics.
-    pub events: Arc<Events>,
+    pub telemetry: Arc<Telemetry>,
     /// Dependency state for `/readyz`.
     pub health: Health,
     /// The delay mode, resolved once (`amqp::delay_mode` probes the broker
@@ -127,7 +127,7 @@ impl Context {
             db,
             api_db,
             orders: Orders::owned(),
-            events: Events::new(),
+            telemetry: Telemetry::new(),
             health,
             mode: OnceCell::new(),
             topology: tokio::sync::watch::Sender::new(false),
@@ -153,8 +153,8 @@ impl Context {
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let reloaded = self.reloader.reload();
         match &reloaded {
-            Ok(reloaded) => self.events.settings_reloaded(reloaded),
-            Err(ReloadError::Refused(error)) => self.events.settings_refused(error),
+            Ok(reloaded) => self.telemetry.settings_reloaded(reloaded),
+            Err(ReloadError::Refused(error)) => self.telemetry.settings_refused(error),
             Err(ReloadError::NoSource) => {}
         }
         reloaded

@@ -21,10 +21,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         // this host's clock is compared with it for the skew gauge.
         match crate::db::clock::skew(&ctx.db).await {
             Ok(skew) => {
-                ctx.events.clock_skew(skew);
+                ctx.telemetry.clock_skew(skew);
                 refresh(&ctx, skew.database).await;
             }
-            Err(e) => ctx.events.backlog_unreadable(&e.to_string()),
+            Err(e) => ctx.telemetry.backlog_unreadable(&e.to_string()),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -45,10 +45,10 @@ pub async fn refresh(ctx: &Context, now: Millis) {
             Ok(Some(backlog)) => backlogs.push((kind, backlog)),
             Ok(None) => {}
             Err(e) => {
-                ctx.events.backlog_unreadable(&e.to_string());
+                ctx.telemetry.backlog_unreadable(&e.to_string());
                 return;
             }
         }
     }
-    ctx.events.backlog_read(&backlogs);
+    ctx.telemetry.backlog_read(&backlogs);
 }

@@ -10,11 +10,11 @@
 //! - [`http_client`]: a small JSON client (the broker's management API, `demo`);
 //! - [`db`]: the connection, entities, and every transaction by family ([`db::store`]);
 //! - [`orders`]: whose orders the timeouts act on: the service's own, or a shop's mapped table;
-//! - [`events`]: every event, logged and counted in one place, and the metrics table;
+//! - [`telemetry`]: what operators are told: every event logged and counted in one place, the metrics table, log output;
 //! - [`control`]: which roles are paused (pause and resume while running);
 //! - [`reload`]: reading the settings again while running, and what applies;
 //! - [`backoff`]: waiting between attempts, cut short by shutdown;
-//! - [`context`]: what the components share (settings, pools, events, health, roles);
+//! - [`context`]: what the components share (settings, pools, telemetry, health, roles);
 //! - [`apply`]: applying a batch of timeouts, halved on refusal: the one loop of the consumer, its catch-up and the sweeper;
 //! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
@@ -22,7 +22,6 @@
 //! - [`auth`]: bearer tokens, their scopes, and what each route needs;
 //! - [`http`]: the JSON API and its OpenAPI document;
 //! - [`server`]: serving the API with timeouts and caps;
-//! - [`telemetry`]: log output;
 //! - [`app`]: build and run every component, and shut them down;
 //! - [`commands`]: the command line and the subcommands around the service (`doctor`, `demo`, `ctl`).
 
@@ -37,7 +36,6 @@ pub mod context;
 pub(crate) mod control;
 pub mod db;
 pub mod domain;
-pub(crate) mod events;
 pub(crate) mod gauges;
 pub mod http;
 pub(crate) mod http_client;

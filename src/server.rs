@@ -24,8 +24,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::Events;
 use crate::settings::HttpSettings;
+use crate::telemetry::Telemetry;
 
 /// What an overloaded server asks clients to wait before trying again, in seconds.
 const RETRY_AFTER_SECS: &str = "1";
@@ -39,10 +39,10 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     settings: HttpSettings,
-    events: Arc<Events>,
+    telemetry: Arc<Telemetry>,
     shutdown: CancellationToken,
 ) {
-    let app = with_limits(router, &settings, events.clone());
+    let app = with_limits(router, &settings, telemetry.clone());
     let mut http = http1::Builder::new();
     // hyper's header-read timeout needs a timer; it also ends idle
     // keep-alive connections, since the next request head is awaited the same way.
@@ -65,7 +65,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    events.accept_failed(&e.to_string());
+                    telemetry.accept_failed(&e.to_string());
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
@@ -74,10 +74,10 @@ pub async fn serve(
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
         let connection = graceful.watch(connection);
-        let events = events.clone();
+        let telemetry = telemetry.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                events.connection_failed(&e.to_string());
+                telemetry.connection_failed(&e.to_string());
             }
             drop(permit);
         });
@@ -93,16 +93,16 @@ struct Limits {
     /// `http.request_timeout`.
     timeout: Duration,
     /// Counts and logs refusals.
-    events: Arc<Events>,
+    telemetry: Arc<Telemetry>,
 }
 
 /// `router` with the in-flight cap and the request timeout around every route.
 /// Outermost, so they bound whatever the routes do, authentication included.
-pub fn with_limits(router: Router, settings: &HttpSettings, events: Arc<Events>) -> Router {
+pub fn with_limits(router: Router, settings: &HttpSettings, telemetry: Arc<Telemetry>) -> Router {
     let limits = Arc::new(Limits {
         in_flight: Semaphore::new(settings.max_in_flight),
         timeout: settings.request_timeout,
-        events,
+        telemetry,
     });
     router.layer(middleware::from_fn_with_state(limits, limit))
 }
@@ -117,7 +117,7 @@ async fn limit(State(limits): State<Arc<Limits>>, request: Request, next: Next) 
     // database pool only makes every one of them late.
     let Ok(_permit) = limits.in_flight.try_acquire() else {
         limits
-            .events
+            .telemetry
             .request_refused("overloaded", request.uri().path());
         let mut response = refusal("the server is busy; try again shortly");
         response.headers_mut().insert(
@@ -132,7 +132,7 @@ async fn limit(State(limits): State<Arc<Limits>>, request: Request, next: Next) 
     match tokio::time::timeout(limits.timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
-            limits.events.request_refused("timeout", &path);
+            limits.telemetry.request_refused("timeout", &path);
             refusal(&format!(
                 "the request took longer than {}; it was abandoned, and may or may not have taken effect",
                 humantime::format_duration(limits.timeout)

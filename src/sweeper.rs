@@ -44,7 +44,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             Err(e) => Err(e),
         };
         if let Err(e) = swept {
-            ctx.events.paused("sweeper", &e.to_string(), interval);
+            ctx.telemetry.paused("sweeper", &e.to_string(), interval);
         }
     }
 }
@@ -78,7 +78,7 @@ async fn sweep_kind(ctx: &Context, kind: TimeoutKind, now: Millis) -> Result<u64
     let swept = sweep_pages(ctx, kind, now, &mut unreadable).await;
     // Told once per round, whatever ended it, never once per row.
     if unreadable.total() > 0 {
-        ctx.events.unreadable_ids(kind, &unreadable);
+        ctx.telemetry.unreadable_ids(kind, &unreadable);
     }
     swept
 }
@@ -134,11 +134,11 @@ async fn apply_page(ctx: &Context, kind: TimeoutKind, ids: Vec<OrderKey>) -> Res
         .unwrap_or_default();
     let mut caught = 0;
     for (id, lateness_ms) in decided.applied() {
-        ctx.events.sweeper_catch(kind, id, lateness_ms);
+        ctx.telemetry.sweeper_catch(kind, id, lateness_ms);
         caught += 1;
     }
     for (id, error) in &decided.refused {
-        ctx.events.sweeper_refused(kind, id, error);
+        ctx.telemetry.sweeper_refused(kind, id, error);
     }
     match decided.away {
         Some(e) => Err(e),

@@ -254,7 +254,7 @@ impl CatchUp {
         let mut caught = 0;
         for page in results {
             for (key, lateness) in page.applied() {
-                ctx.events.caught_up(self.kind, key, lateness);
+                ctx.telemetry.caught_up(self.kind, key, lateness);
                 self.remember(key.clone(), done);
                 caught += 1;
             }

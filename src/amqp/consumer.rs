@@ -74,7 +74,7 @@ pub async fn run(
                 shutdown_siblings(&conn).await;
             }
             Err(panic) => {
-                ctx.events.task_panicked("consumer", &panic.to_string());
+                ctx.telemetry.task_panicked("consumer", &panic.to_string());
                 shutdown_siblings(&conn).await;
             }
         }
@@ -216,7 +216,7 @@ impl KindConsumer {
         for (_, key) in std::mem::take(&mut self.held_keys) {
             if let Some(expired) = self.held.try_remove(&key) {
                 let _ = expired.into_inner().acker.nack(requeue).await;
-                self.ctx.events.held_changed(-1);
+                self.ctx.telemetry.held_changed(-1);
             }
         }
         if let Ok(Ended::Paused) = result {
@@ -224,7 +224,7 @@ impl KindConsumer {
             // this consumer had not taken: all of it waits in the queue.
             let _ = self.channel.close(200, "paused".into()).await;
             let _ = self.publish.close(200, "paused".into()).await;
-            self.ctx.events.consumption_stopped(role, &queue, held);
+            self.ctx.telemetry.consumption_stopped(role, &queue, held);
         }
         result
     }
@@ -274,7 +274,7 @@ impl KindConsumer {
 
     /// A held delivery whose time has come, taken out of the hold.
     fn released(&mut self, delivery: Delivery) -> Delivery {
-        self.ctx.events.held_changed(-1);
+        self.ctx.telemetry.held_changed(-1);
         self.held_keys.remove(&delivery.delivery_tag);
         delivery
     }
@@ -283,7 +283,9 @@ impl KindConsumer {
     fn received(&self, next: Option<Result<Delivery, lapin::Error>>) -> Result<Delivery, Error> {
         match next {
             Some(Ok(d)) => {
-                self.ctx.events.delivery(self.kind.as_str(), d.redelivered);
+                self.ctx
+                    .telemetry
+                    .delivery(self.kind.as_str(), d.redelivered);
                 Ok(d)
             }
             Some(Err(e)) => Err(e.into()),
@@ -397,19 +399,19 @@ impl KindConsumer {
                     passing = true;
                     settled.push(delivery.delivery_tag);
                     self.ctx
-                        .events
+                        .telemetry
                         .timeout_applied(self.kind, id, lateness_ms, "message");
                 }
                 Disposition::NotApplicable { status } => {
                     passing |= self.catch_up.applied(id);
                     settled.push(delivery.delivery_tag);
                     self.ctx
-                        .events
+                        .telemetry
                         .timeout_not_applicable(self.kind, id, &status);
                 }
                 Disposition::Hold(wait) => {
-                    self.ctx.events.timeout_early(self.kind, id, wait, true);
-                    self.ctx.events.held_changed(1);
+                    self.ctx.telemetry.timeout_early(self.kind, id, wait, true);
+                    self.ctx.telemetry.held_changed(1);
                     let tag = delivery.delivery_tag;
                     let key = self.held.insert(delivery, wait);
                     self.held_keys.insert(tag, key);
@@ -417,7 +419,7 @@ impl KindConsumer {
                 Disposition::Redelay(wait) => {
                     self.redelay(&delivery, &message, wait).await?;
                     delivery.acker.ack(Default::default()).await?;
-                    self.ctx.events.timeout_early(self.kind, id, wait, false);
+                    self.ctx.telemetry.timeout_early(self.kind, id, wait, false);
                 }
                 Disposition::Park(park) => {
                     park_delivery(

@@ -178,9 +178,9 @@ fn level_messages(queues: &Value, names: &Names) -> Option<u64> {
 pub async fn monitor(ctx: Arc<Context>, management: Management, shutdown: CancellationToken) {
     loop {
         match management.stages(&ctx.names).await {
-            Ok(stages) => ctx.events.stages_read(stages.ttl, stages.plugin),
+            Ok(stages) => ctx.telemetry.stages_read(stages.ttl, stages.plugin),
             Err(e) => ctx
-                .events
+                .telemetry
                 .stages_unreadable(management.base(), &e.to_string()),
         }
         if !pause(&shutdown, SAMPLE_EVERY).await {

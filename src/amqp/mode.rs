@@ -53,7 +53,7 @@ pub async fn delay_mode(ctx: &Context) -> Result<Mode, lapin::Error> {
         .mode
         .get_or_try_init(|| async {
             let (mode, why) = resolve_mode(&ctx.settings.amqp, &ctx.names).await?;
-            ctx.events
+            ctx.telemetry
                 .delay_mode_chosen(mode.as_str(), &why.to_string());
             Ok::<_, lapin::Error>((mode, why))
         })

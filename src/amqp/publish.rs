@@ -93,7 +93,7 @@ pub async fn park_delivery(
     )
     .await?;
     delivery.acker.ack(Default::default()).await?;
-    ctx.events.parked(
+    ctx.telemetry.parked(
         park.reason.as_str(),
         &park.detail,
         by,

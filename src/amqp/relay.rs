@@ -66,7 +66,7 @@ async fn report_backlog<T: Relayed>(ctx: &Context) {
     if let Ok(state) = store::outbox_backlog::<T>(&ctx.db).await
         && let Ok(now) = clock::now(&ctx.db).await
     {
-        ctx.events.outbox_backlog(T::OUTBOX, state, now);
+        ctx.telemetry.outbox_backlog(T::OUTBOX, state, now);
     }
 }
 
@@ -139,7 +139,7 @@ fn connection_event(ctx: &Context, event: Option<Event>) -> Result<(), Error> {
     match event {
         Some(Event::Error(e)) => Err(e.into()),
         Some(Event::ConnectionBlocked(reason)) => {
-            ctx.events.publishing_blocked("relay", &reason);
+            ctx.telemetry.publishing_blocked("relay", &reason);
             Ok(())
         }
         Some(_) => Ok(()),
@@ -279,7 +279,7 @@ impl Source for Timeouts {
     }
 
     fn published(&self, ctx: &Context, rows: &[&outbox::Model]) {
-        ctx.events.outbox_published(rows.len() as u64);
+        ctx.telemetry.outbox_published(rows.len() as u64);
     }
 }
 
@@ -311,7 +311,7 @@ impl Source for DomainEvents {
     }
 
     fn published(&self, ctx: &Context, rows: &[&order_timeout_events::Model]) {
-        ctx.events
+        ctx.telemetry
             .events_published(rows.iter().map(|r| r.event.as_str()));
     }
 }
@@ -342,7 +342,7 @@ async fn round<S: Source>(
         }
         Err(e) => {
             let delay = turn.failed();
-            ctx.events.paused("relay", &e.to_string(), delay);
+            ctx.telemetry.paused("relay", &e.to_string(), delay);
             return Ok(Progress::Paused);
         }
     };
@@ -378,7 +378,7 @@ async fn release<S: Source>(ctx: &Context, rows: &[Row<S>]) {
     let ids: Vec<i64> = rows.iter().map(S::Table::row_id).collect();
     if let Err(release) = store::outbox_release::<S::Table>(&ctx.db, &ids).await {
         // Then they come back when their lease ends.
-        ctx.events
+        ctx.telemetry
             .paused("relay", &release.to_string(), store::CLAIM_LEASE);
     }
 }
@@ -400,7 +400,7 @@ async fn settle<S: Source>(
     let mut delete_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     while let Err(e) = store::outbox_delete::<S::Table>(&ctx.db, &ids).await {
         let delay = delete_backoff.next_delay();
-        ctx.events.paused("relay", &e.to_string(), delay);
+        ctx.telemetry.paused("relay", &e.to_string(), delay);
         if !pause(shutdown, delay).await {
             return false;
         }
@@ -408,18 +408,20 @@ async fn settle<S: Source>(
     source.published(ctx, &confirmed);
     if let Some((_, first)) = refused.first() {
         let outbox = S::Table::OUTBOX;
-        ctx.events
+        ctx.telemetry
             .outbox_failed(outbox, refused.len() as u64, first);
         // Not retried at once: each refused row waits, and the rows behind
         // it go out meanwhile; one refused too often is set aside.
         let max_attempts = ctx.settings.relay.max_attempts;
         match store::outbox_refused::<S::Table>(&ctx.db, &refused, max_attempts, now).await {
             Ok(set_aside) if !set_aside.is_empty() => {
-                ctx.events.outbox_set_aside(outbox, &set_aside, first);
+                ctx.telemetry.outbox_set_aside(outbox, &set_aside, first);
             }
             Ok(_) => {}
             // The lease ends the claim anyway; the rows come back then.
-            Err(e) => ctx.events.paused("relay", &e.to_string(), Duration::ZERO),
+            Err(e) => ctx
+                .telemetry
+                .paused("relay", &e.to_string(), Duration::ZERO),
         }
     }
     true
@@ -467,8 +469,12 @@ async fn publish_round<'a, S: Source>(
     }
     for (reason, ids) in unpublishable {
         match store::outbox_set_aside::<S::Table>(&ctx.db, &ids, reason, now).await {
-            Ok(()) => ctx.events.outbox_set_aside(S::Table::OUTBOX, &ids, reason),
-            Err(e) => ctx.events.paused("relay", &e.to_string(), Duration::ZERO),
+            Ok(()) => ctx
+                .telemetry
+                .outbox_set_aside(S::Table::OUTBOX, &ids, reason),
+            Err(e) => ctx
+                .telemetry
+                .paused("relay", &e.to_string(), Duration::ZERO),
         }
     }
     let mut round = Round {

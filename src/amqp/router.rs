@@ -127,7 +127,7 @@ async fn session(
             }
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
-                    ctx.events.delivery("ingest", delivery.redelivered);
+                    ctx.telemetry.delivery("ingest", delivery.redelivered);
                     in_flight.push(route_one(ctx.clone(), publish.clone(), mode, delivery));
                 }
                 Some(Err(e)) => break Err(e.into()),
@@ -142,14 +142,14 @@ async fn session(
         .await;
     while let Some(done) = in_flight.next().await {
         if let Err(e) = done {
-            ctx.events.route_abandoned(&e.to_string());
+            ctx.telemetry.route_abandoned(&e.to_string());
         }
     }
     if let Ok(Ended::Paused) = result {
         // What the broker had pushed and was not routed goes back to ingest.
         let _ = consume.close(200, "paused".into()).await;
         let _ = publish.close(200, "paused".into()).await;
-        ctx.events
+        ctx.telemetry
             .consumption_stopped(Pausable::Router, &ctx.names.ingest(), 0);
     }
     result
@@ -178,7 +178,7 @@ async fn route_one(
             )
             .await?;
             delivery.acker.ack(Default::default()).await?;
-            ctx.events.routed(route.kind, &route.routing_key);
+            ctx.telemetry.routed(route.kind, &route.routing_key);
             Ok(())
         }
         Err((park, kind)) => park_delivery(&ctx, &publish, &delivery, &park, "router", kind).await,

@@ -41,7 +41,7 @@ pub async fn supervise<F, Fut>(
                     topology::declare(&conn, &ctx.names, mode, ctx.settings.amqp.queue_type)
                         .await?;
                 if !earlier.is_empty() {
-                    ctx.events.earlier_topology(&earlier);
+                    ctx.telemetry.earlier_topology(&earlier);
                 }
                 ctx.topology_declared();
             } else {
@@ -56,7 +56,7 @@ pub async fn supervise<F, Fut>(
         };
         let error = match connected {
             Ok((conn, mode, node)) => {
-                ctx.events.broker_connected(
+                ctx.telemetry.broker_connected(
                     role.as_str(),
                     &connection_name(&ctx.settings.amqp, role.as_str()),
                     &node.address,
@@ -79,7 +79,7 @@ pub async fn supervise<F, Fut>(
             Err(e) => e.to_string(),
         };
         let delay = backoff.next_delay();
-        ctx.events.broker_lost(role.as_str(), &error, delay);
+        ctx.telemetry.broker_lost(role.as_str(), &error, delay);
         if !pause(&shutdown, delay).await {
             break;
         }

@@ -202,8 +202,8 @@ async fn set_paused(ctx: &Context, role: &str, paused: bool) -> Result<Json<Paus
         ctx.pauses.set(role, false)
     };
     match (changed, paused) {
-        (true, true) => ctx.events.role_paused(role),
-        (true, false) => ctx.events.role_resumed(role),
+        (true, true) => ctx.telemetry.role_paused(role),
+        (true, false) => ctx.telemetry.role_resumed(role),
         (false, _) => {}
     }
     Ok(Json(PauseView {

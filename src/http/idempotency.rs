@@ -22,7 +22,7 @@ pub async fn clean(ctx: Arc<Context>, shutdown: CancellationToken) {
     let every = (retention / 4).clamp(Duration::from_millis(250), Duration::from_secs(300));
     loop {
         if let Err(e) = round(&ctx, retention, &shutdown).await {
-            ctx.events.idempotency_cleanup_failed(&e.to_string());
+            ctx.telemetry.idempotency_cleanup_failed(&e.to_string());
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -49,7 +49,7 @@ async fn round(
         tokio::task::yield_now().await;
     }
     if deleted > 0 {
-        ctx.events.idempotency_keys_expired(deleted);
+        ctx.telemetry.idempotency_keys_expired(deleted);
     }
     Ok(())
 }

@@ -401,13 +401,13 @@ async fn authenticate(State(ctx): State<Arc<Context>>, request: Request, next: N
             let response = next.run(request).await;
             if let Some(DatabaseFailure(cause)) = response.extensions().get() {
                 let path = crate::domain::truncate(uri.path(), 64);
-                ctx.events
+                ctx.telemetry
                     .request_database_failed(method.as_str(), &path, cause);
             }
             response
         }
         Err(denied) => {
-            ctx.events.auth_refused(
+            ctx.telemetry.auth_refused(
                 denied.reason(),
                 request.method().as_str(),
                 &crate::domain::truncate(request.uri().path(), 64),

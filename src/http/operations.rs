@@ -26,7 +26,7 @@ pub(super) async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
     let database = db::ping(&ctx.api_db).await;
     // The cause goes to the log; anonymous callers get a fixed sentence, not
     // the driver's text (host names, database and user names).
-    ctx.events
+    ctx.telemetry
         .database_checked(database.as_ref().err().map(|e| e.to_string()).as_deref());
     let broker = ctx.health.broker();
     let broker_ok = broker.iter().all(|(_, up)| *up);
@@ -66,7 +66,7 @@ pub(super) async fn metrics(State(ctx): State<Arc<Context>>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        ctx.events.render(),
+        ctx.telemetry.render(),
     )
         .into_response()
 }

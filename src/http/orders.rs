@@ -269,7 +269,7 @@ pub(super) async fn create_order(
         .await
     {
         Ok(order) => {
-            ctx.events
+            ctx.telemetry
                 .order_created(order.id, &order.pay_deadline.to_rfc3339());
             let location = format!("/orders/{}", order.id);
             Ok((
@@ -287,17 +287,18 @@ pub(super) async fn create_order(
             let message = format!(
                 "insufficient stock for sku '{sku}': {requested} requested, {available} available"
             );
-            ctx.events.checkout_rejected("insufficient_stock", &message);
+            ctx.telemetry
+                .checkout_rejected("insufficient_stock", &message);
             Err(ApiError::new(StatusCode::CONFLICT, message))
         }
         Err(CheckoutError::UnknownSku(sku)) => {
             let message = format!("unknown sku '{sku}'");
-            ctx.events.checkout_rejected("unknown_sku", &message);
+            ctx.telemetry.checkout_rejected("unknown_sku", &message);
             Err(ApiError::unprocessable(message))
         }
         Err(CheckoutError::Replay { order, answer }) => {
             // The same answer as the first time, byte for byte.
-            ctx.events.checkout_replayed(order);
+            ctx.telemetry.checkout_replayed(order);
             Ok((
                 StatusCode::CREATED,
                 [
@@ -314,7 +315,7 @@ pub(super) async fn create_order(
         }
         Err(CheckoutError::KeyReused) => {
             let message = "this Idempotency-Key was already used for a different request (other items or payment window); use a new key for a new order";
-            ctx.events
+            ctx.telemetry
                 .checkout_rejected("idempotency_key_reused", message);
             Err(ApiError::unprocessable(message))
         }
@@ -443,7 +444,7 @@ async fn act(ctx: &Context, id: &str, action: Action) -> Result<Response, ApiErr
         .await
     {
         Ok(order) => {
-            ctx.events.order_changed(id, action);
+            ctx.telemetry.order_changed(id, action);
             Ok(Json(OrderView::from(order)).into_response())
         }
         Err(TransitionError::Conflict {
@@ -451,7 +452,7 @@ async fn act(ctx: &Context, id: &str, action: Action) -> Result<Response, ApiErr
             reason,
             late_payment,
         }) => {
-            ctx.events
+            ctx.telemetry
                 .action_refused(id, action, order.status, late_payment);
             Err(TransitionError::Conflict {
                 order,

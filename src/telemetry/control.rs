@@ -1,6 +1,6 @@
 //! The events of live control: roles paused and resumed, settings reloaded.
 
-use super::Events;
+use super::Telemetry;
 use crate::control::Pausable;
 use crate::reload::{Outcome, Reloaded};
 use crate::settings::Change;
@@ -14,7 +14,7 @@ fn listed(changes: &[Change]) -> String {
         .join("; ")
 }
 
-impl Events {
+impl Telemetry {
     /// A role was paused.
     pub fn role_paused(&self, role: Pausable) {
         self.m

@@ -1,5 +1,5 @@
 //! Every metric the service exports, in one table: its name, help and type,
-//! in the order `/metrics` lists them. [`super::Events`] feeds them.
+//! in the order `/metrics` lists them. [`super::Telemetry`] feeds them.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
