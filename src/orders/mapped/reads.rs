@@ -1,0 +1,201 @@
+//! What the sweeper, the gauges and `doctor` read from a mapped table: the
+//! overdue orders page by page, the backlog, ids the service cannot read, the
+//! newest row.
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement};
+
+use super::sql::{Dialect, Sql, Ty};
+use super::{Mapped, Newest, Target};
+use crate::db::store::Backlog;
+use crate::domain::{MAX_ORDER_KEY_BYTES, Millis, OrderKey, TimeoutKind};
+use crate::orders::{Cursor, OverduePage};
+
+impl Mapped {
+    /// Orders in the status `kind` acts on whose deadline passed more than
+    /// `grace` ago by the database's clock, with their deadlines (reckoned
+    /// from the service's `now`), in id order; `after` continues from the
+    /// last id of the previous page.
+    pub async fn overdue(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        grace: Duration,
+        after: Option<&str>,
+        limit: u64,
+    ) -> Result<OverduePage, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(OverduePage::default());
+        };
+        let d = self.dialect;
+        let clock = self.clock.now(&k.deadline_ty);
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {}, {} FROM {} WHERE {} = ",
+            d.as_text(&self.id),
+            d.millis_until(&k.deadline, &clock),
+            self.table,
+            self.status
+        ))
+        .bind(k.from.clone())
+        .push(&format!(
+            " AND {} <= {clock} - {}",
+            k.deadline,
+            d.interval_ms(grace.as_millis())
+        ));
+        if let Target::Flag(column, _) = &k.target {
+            sql.push(&format!(" AND {column} IS NULL"));
+        }
+        if let Some(after) = after {
+            sql.push(&format!(" AND {} > ", self.id))
+                .bind(self.raw_value(after, &self.id_ty));
+        }
+        sql.push(&format!(" ORDER BY {} LIMIT {limit}", self.id));
+        let rows = db.query_all_raw(sql.build()).await?;
+        let mut page = OverduePage {
+            full: rows.len() as u64 >= limit,
+            ..OverduePage::default()
+        };
+        for row in rows {
+            let id: String = row.try_get_by_index(0)?;
+            let remaining: i64 = row.try_get_by_index(1)?;
+            let deadline = Millis(now.0.saturating_add(remaining));
+            // An id the service cannot read is passed over, counted and told
+            // by the caller; the page still continues after it.
+            match OrderKey::fault(&id) {
+                Some(reason) => page.unreadable.add(reason, &id),
+                None => page
+                    .orders
+                    .push((OrderKey::parse(&id).map_err(DbErr::Custom)?, deadline)),
+            }
+            page.next = Some(Cursor::new(id, deadline));
+        }
+        Ok(page)
+    }
+
+    /// How many rows of the table have an id the service cannot read
+    /// ([`OrderKey::fault`]), whatever their status; `None` when the id
+    /// column is not text (any integer or UUID is readable).
+    pub async fn unreadable_ids(&self, db: &DatabaseConnection) -> Result<Option<u64>, DbErr> {
+        if self.id_ty != Ty::Text {
+            return Ok(None);
+        }
+        let id = &self.id;
+        let control = match self.dialect {
+            Dialect::Postgres => format!("{id} ~ '[[:cntrl:]]'"),
+            Dialect::MySql => format!("{id} REGEXP '[[:cntrl:]]'"),
+        };
+        // Lengths, not comparisons: MariaDB's PAD SPACE collations find
+        // 'a ' equal to 'a'.
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE CHAR_LENGTH({id}) = 0 \
+             OR CHAR_LENGTH({id}) <> CHAR_LENGTH(TRIM({id})) \
+             OR OCTET_LENGTH({id}) > {MAX_ORDER_KEY_BYTES} OR {control}",
+            self.table
+        );
+        let row = db
+            .query_one_raw(Statement::from_string(self.dialect.backend(), sql))
+            .await?;
+        let n: i64 = match row {
+            Some(row) => row.try_get_by_index(0)?,
+            None => 0,
+        };
+        Ok(Some(u64::try_from(n).unwrap_or(0)))
+    }
+
+    /// The orders waiting for a timeout of `kind`, overdue meaning past the
+    /// deadline by more than `overdue_after` by the database's clock (as the
+    /// sweeper reckons it); `None` when the mapping has no such kind.
+    pub async fn backlog(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        overdue_after: Duration,
+    ) -> Result<Option<Backlog>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(None);
+        };
+        let d = self.dialect;
+        let clock = self.clock.now(&k.deadline_ty);
+        let overdue = format!(
+            "COUNT(CASE WHEN {} <= {clock} - {} THEN 1 END)",
+            k.deadline,
+            d.interval_ms(overdue_after.as_millis())
+        );
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {}, {}, {} FROM {} WHERE {} = ",
+            d.as_bigint("COUNT(*)"),
+            d.as_bigint(&overdue),
+            d.millis_until(&format!("MIN({})", k.deadline), &clock),
+            self.table,
+            self.status
+        ))
+        .bind(k.from.clone());
+        if let Target::Flag(column, _) = &k.target {
+            sql.push(&format!(" AND {column} IS NULL"));
+        }
+        let row = db
+            .query_one_raw(sql.build())
+            .await?
+            .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
+        let count = |i: usize| -> Result<u64, DbErr> {
+            Ok(u64::try_from(row.try_get_by_index::<i64>(i)?).unwrap_or(0))
+        };
+        let overdue = count(1)?;
+        // Milliseconds until the oldest deadline: negative once it passed.
+        let until: Option<i64> = row.try_get_by_index(2)?;
+        Ok(Some(Backlog {
+            pending: count(0)?,
+            overdue,
+            oldest_overdue: match until {
+                Some(ms) if overdue > 0 => {
+                    Duration::from_millis(u64::try_from(ms.saturating_neg()).unwrap_or(0))
+                }
+                _ => Duration::ZERO,
+            },
+        }))
+    }
+
+    /// The newest value of `kind`'s `since_column` in the whole table, against
+    /// the database's now in the shop's zone: a row written after now means
+    /// the zone is not the one the shop writes in (`doctor` says so). `None`
+    /// when the kind is not mapped or has a deadline column instead.
+    pub async fn newest(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+    ) -> Result<Option<Newest>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(None);
+        };
+        let Some((since, name)) = &k.since else {
+            return Ok(None);
+        };
+        let d = self.dialect;
+        let now = self.clock.now(&k.deadline_ty);
+        let newest = format!("MAX({since})");
+        let sql = format!(
+            "SELECT {}, {}, {} FROM {}",
+            d.as_text(&newest),
+            d.as_text(&now),
+            d.millis_until(&newest, &now),
+            self.table
+        );
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(d.backend(), sql))
+            .await?
+            .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
+        let value: Option<String> = row.try_get_by_index(0)?;
+        let now: Option<String> = row.try_get_by_index(1)?;
+        let ahead_ms: Option<i64> = row.try_get_by_index(2)?;
+        Ok(Some(Newest {
+            column: name.clone(),
+            value,
+            now: now.unwrap_or_default(),
+            ahead_ms,
+        }))
+    }
+}
