@@ -11,25 +11,13 @@
 
 use super::*;
 
-/// Whose orders the timeouts act on (`orders.source`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OrdersSource {
-    /// The service's own tables, filled by its checkout API.
-    Owned,
-    /// A shop's own orders table, described by `mapping.*`.
-    Mapped,
-}
-
-impl OrdersSource {
-    /// Every source, in the order an error lists them.
-    pub const ALL: [Self; 2] = [Self::Owned, Self::Mapped];
-
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Owned => "owned",
-            Self::Mapped => "mapped",
-        }
+choice! {
+    /// Whose orders the timeouts act on (`orders.source`).
+    OrdersSource {
+        /// The service's own tables, filled by its checkout API.
+        Owned = "owned",
+        /// A shop's own orders table, described by `mapping.*`.
+        Mapped = "mapped",
     }
 }
 
@@ -92,7 +80,7 @@ impl StockMapping {
 }
 
 /// `orders.source` and `mapping.*`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MappingSettings {
     /// Whose orders.
     pub source: OrdersSource,
