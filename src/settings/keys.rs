@@ -38,12 +38,15 @@ pub(super) struct Section {
     /// `doctor` prints them.
     pub keys: &'static [Key],
     /// Checks across keys, run right after the section's last key is read.
-    pub check: Option<fn(&Settings) -> Result<(), SettingsError>>,
+    pub check: Option<Check>,
     /// Whether giving a key at all is a choice, even with its default value:
     /// the file ships such keys commented out (`mapping.*` is refused unless
     /// `orders.source` is mapped).
     pub opt_in: bool,
 }
+
+/// What must hold across keys, given all of them read (see `checks.rs`).
+pub(super) type Check = fn(&Settings) -> Result<(), SettingsError>;
 
 /// What a key's value is stored as.
 pub(super) trait Field: Clone + PartialEq {
