@@ -78,7 +78,11 @@ macro_rules! fields {
 
 /// A secret as a whole (a token list): its text hidden unless empty.
 fn opaque(text: &str) -> String {
-    if text.is_empty() { String::new() } else { REDACTED.to_string() }
+    if text.is_empty() {
+        String::new()
+    } else {
+        REDACTED.to_string()
+    }
 }
 
 fields! {
@@ -159,7 +163,15 @@ macro_rules! settings {
             )*
         }
     )*
-    then $($extra:expr),*) => {
+    then $(
+        #[doc = $mdoc:literal]
+        $msection:ident in $root:ident, check $mcheck:expr, opt_in $opt_in:literal => {
+            $(
+                #[doc = $mkdoc:literal]
+                $($mpath:ident).+: $mty:ty = $mdefault:literal, |$mk:tt, $mv:tt, $ms:tt| $mread:expr;
+            )*
+        }
+    )*) => {
         $(
             #[doc = $sdoc]
             #[derive(Debug, Clone)]
@@ -208,7 +220,15 @@ macro_rules! settings {
                 check: $check,
                 opt_in: false,
             },)*
-            $($extra),*
+            $(Section {
+                doc: $mdoc.trim_ascii_start(),
+                keys: &[$(key!(
+                    concat!(stringify!($msection), ".", stringify!($($mpath).+)), $mkdoc, $mdefault,
+                    [], $mty, ($root.$($mpath).+), |$mk, $mv, $ms| $mread
+                )),*],
+                check: $mcheck,
+                opt_in: $opt_in,
+            },)*
         ];
     };
 }
@@ -393,71 +413,72 @@ settings! {
         [live] level: String = "info,lapin=off", |k, v, _| parse_log_level(k, v);
     }
 
+    // Whose orders, and a shop's own table (see `mapping.rs`): empty text is
+    // unset; checked across keys, and with `orders.source`, once all are read.
     then
-    Section {
-        doc: "Whose orders the timeouts act on.",
-        keys: &[key!(
-            "orders.source",
-            "owned (its own tables, filled by its API) or mapped (a shop's table, described by mapping.*).",
-            "owned", [], OrdersSource, (mapping.source),
-            |k, v, _| parse_choice(k, v, &OrdersSource::ALL, OrdersSource::as_str)
-        )],
-        check: None,
-        opt_in: false,
-    },
-    Section {
-        doc: "A shop's own orders table, for orders.source = \"mapped\" (see config/mall.toml); refused otherwise.",
-        keys: MAPPING,
-        check: Some(check_mapping),
-        opt_in: true,
+    /// Whose orders the timeouts act on.
+    orders in mapping, check None, opt_in false => {
+        /// owned (its own tables, filled by its API) or mapped (a shop's table, described by mapping.*).
+        source: OrdersSource = "owned", |k, v, _| parse_choice(k, v, &OrdersSource::ALL, OrdersSource::as_str);
+    }
+    /// A shop's own orders table, for orders.source = "mapped" (see config/mall.toml); refused otherwise.
+    mapping in mapping, check Some(check_mapping), opt_in true => {
+        /// The shop's orders table, NAME or SCHEMA.NAME (required when mapped).
+        table: String = "", |k, v, _| parse_ident(k, v, true);
+        /// Its primary key column: integer, text or UUID.
+        id_column: String = "id", |k, v, _| parse_ident(k, v, false);
+        /// Its status column: integer or text.
+        status_column: String = "status", |k, v, _| parse_ident(k, v, false);
+        /// Optional time column set to the database's clock by every transition (e.g. updated_at).
+        stamp_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Zone the shop writes zone-less times in: IANA name or +HH:MM; empty: the server's default.
+        time_zone: Option<Zone> = "", |k, v, _| parse_time_zone(k, v);
+        /// Status of an unpaid order, which the payment timeout acts on (required when mapped).
+        payment.from: String = "", |k, v, _| parse_status(k, v);
+        /// Status the payment timeout sets: the shop's cancelled or closed (required when mapped).
+        payment.to: String = "", |k, v, _| parse_status(k, v);
+        /// Column holding the payment deadline; set this or since_column.
+        payment.deadline_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Column holding the window's start (creation); deadline = it + windows.payment.
+        payment.since_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Status of a paid order waiting to be shipped; empty: fulfillment timeouts are not mapped.
+        fulfillment.from: String = "", |k, v, _| parse_status(k, v);
+        /// Status meaning overdue, if the shop has one; set this or flag_column.
+        fulfillment.to: String = "", |k, v, _| parse_status(k, v);
+        /// Nullable time column stamped once when the order is found overdue (its status stays).
+        fulfillment.flag_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Column holding the shipping deadline; set this or since_column.
+        fulfillment.deadline_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Column holding the window's start (payment); deadline = it + windows.fulfillment.
+        fulfillment.since_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Status of a shipped order; empty: receipt timeouts are not mapped.
+        receipt.from: String = "", |k, v, _| parse_status(k, v);
+        /// Status the receipt timeout sets: the shop's completed.
+        receipt.to: String = "", |k, v, _| parse_status(k, v);
+        /// Column holding the receipt deadline; set this or since_column.
+        receipt.deadline_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Column holding the window's start (shipping); deadline = it + windows.receipt.
+        receipt.since_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Order items table, NAME or SCHEMA.NAME; give every stock key (available_column optional) or none.
+        stock.items_table: String = "", |k, v, _| parse_ident(k, v, true);
+        /// Its column holding the order id.
+        stock.items_order_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Its column naming the stock row.
+        stock.items_sku_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Its quantity column.
+        stock.items_quantity_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Stock table, NAME or SCHEMA.NAME.
+        stock.table: String = "", |k, v, _| parse_ident(k, v, true);
+        /// Its key, matched against the items' SKU column.
+        stock.id_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Column a cancelled order's quantities are taken back from (reserved stock).
+        stock.reserved_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Optional column the quantities are added back to (stock taken off sale at checkout).
+        stock.available_column: String = "", |k, v, _| parse_ident(k, v, false);
+        /// Own statements per order a payment timeout cancels, ;-separated, id bound as $1 (PostgreSQL) or ?.
+        release_sql: Vec<String> = "", |k, v, _| parse_release_sql(k, v);
     }
 }
-
-/// A `mapping.*` key: a table (`table`: `schema.name` allowed), a column
-/// (`column`) or a status value (`status`) of the shop's, empty when unset.
-macro_rules! mapping_key {
-    ($name:literal, $doc:literal, $default:literal, $($field:ident).+, $what:ident) => {
-        key!(concat!("mapping.", $name), $doc, $default, [], String, (mapping.$($field).+),
-             |k, v, _| mapping_key!(@$what k, v))
-    };
-    (@table $k:ident, $v:ident) => { parse_ident($k, $v, true) };
-    (@column $k:ident, $v:ident) => { parse_ident($k, $v, false) };
-    (@status $k:ident, $v:ident) => { parse_status($k, $v) };
-}
-
-/// A shop's own table (see `mapping.rs`): checked across keys, and with
-/// `orders.source`, once all are read.
-const MAPPING: &[Key] = &[
-    mapping_key!("table", "The shop's orders table, NAME or SCHEMA.NAME (required when mapped).", "", table, table),
-    mapping_key!("id_column", "Its primary key column: integer, text or UUID.", "id", id_column, column),
-    mapping_key!("status_column", "Its status column: integer or text.", "status", status_column, column),
-    mapping_key!("stamp_column", "Optional time column set to the database's clock by every transition (e.g. updated_at).", "", stamp_column, column),
-    key!("mapping.time_zone", "Zone the shop writes zone-less times in: IANA name or +HH:MM; empty: the server's default.",
-         "", [], Option<Zone>, (mapping.time_zone), |k, v, _| parse_time_zone(k, v)),
-    mapping_key!("payment.from", "Status of an unpaid order, which the payment timeout acts on (required when mapped).", "", payment.from, status),
-    mapping_key!("payment.to", "Status the payment timeout sets: the shop's cancelled or closed (required when mapped).", "", payment.to, status),
-    mapping_key!("payment.deadline_column", "Column holding the payment deadline; set this or since_column.", "", payment.deadline_column, column),
-    mapping_key!("payment.since_column", "Column holding the window's start (creation); deadline = it + windows.payment.", "", payment.since_column, column),
-    mapping_key!("fulfillment.from", "Status of a paid order waiting to be shipped; empty: fulfillment timeouts are not mapped.", "", fulfillment.from, status),
-    mapping_key!("fulfillment.to", "Status meaning overdue, if the shop has one; set this or flag_column.", "", fulfillment.to, status),
-    mapping_key!("fulfillment.flag_column", "Nullable time column stamped once when the order is found overdue (its status stays).", "", fulfillment.flag_column, column),
-    mapping_key!("fulfillment.deadline_column", "Column holding the shipping deadline; set this or since_column.", "", fulfillment.deadline_column, column),
-    mapping_key!("fulfillment.since_column", "Column holding the window's start (payment); deadline = it + windows.fulfillment.", "", fulfillment.since_column, column),
-    mapping_key!("receipt.from", "Status of a shipped order; empty: receipt timeouts are not mapped.", "", receipt.from, status),
-    mapping_key!("receipt.to", "Status the receipt timeout sets: the shop's completed.", "", receipt.to, status),
-    mapping_key!("receipt.deadline_column", "Column holding the receipt deadline; set this or since_column.", "", receipt.deadline_column, column),
-    mapping_key!("receipt.since_column", "Column holding the window's start (shipping); deadline = it + windows.receipt.", "", receipt.since_column, column),
-    mapping_key!("stock.items_table", "Order items table, NAME or SCHEMA.NAME; give every stock key (available_column optional) or none.", "", stock.items_table, table),
-    mapping_key!("stock.items_order_column", "Its column holding the order id.", "", stock.items_order_column, column),
-    mapping_key!("stock.items_sku_column", "Its column naming the stock row.", "", stock.items_sku_column, column),
-    mapping_key!("stock.items_quantity_column", "Its quantity column.", "", stock.items_quantity_column, column),
-    mapping_key!("stock.table", "Stock table, NAME or SCHEMA.NAME.", "", stock.table, table),
-    mapping_key!("stock.id_column", "Its key, matched against the items' SKU column.", "", stock.id_column, column),
-    mapping_key!("stock.reserved_column", "Column a cancelled order's quantities are taken back from (reserved stock).", "", stock.reserved_column, column),
-    mapping_key!("stock.available_column", "Optional column the quantities are added back to (stock taken off sale at checkout).", "", stock.available_column, column),
-    key!("mapping.release_sql", "Own statements per order a payment timeout cancels, ;-separated, id bound as $1 (PostgreSQL) or ?.",
-         "", [], Vec<String>, (mapping.release_sql), |k, v, _| parse_release_sql(k, v)),
-];
 
 /// Every key, in table order.
 pub(super) fn keys() -> impl Iterator<Item = &'static Key> {

@@ -19,8 +19,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use config::{Config, Environment, File, FileFormat, Value, ValueKind};
-
 /// Environment variable prefix; sections and keys are separated by `__`.
 pub const ENV_PREFIX: &str = "ORDER_TIMEOUT";
 /// Environment variable naming the TOML file when `--config` is not given.
@@ -111,11 +109,11 @@ use connections::{
     instance_name, parse_amqp_url, parse_database_url, parse_management, parse_prefix, read_pem,
 };
 pub use file::{REGENERATE, defaults_file};
-use keys::{SECTIONS, keys};
 pub use keys::{
     AmqpSettings, ConsumerSettings, DatabaseSettings, HttpSettings, LogSettings, ManagementApi,
     MetricsSettings, RelaySettings, Settings, SweeperSettings, Windows,
 };
+use keys::{SECTIONS, keys};
 pub use live::{Change, changes, check_applied, is_live, live_keys};
 pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping, Zone};
 use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status, parse_time_zone};

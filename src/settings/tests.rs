@@ -3,15 +3,27 @@
 use super::keys::Key;
 use super::*;
 
-fn load(env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
-    let env = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+/// The environment variable that sets a dotted key.
+fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}__{}", key.replace('.', "__").to_uppercase())
+}
+
+/// The settings with these keys given in the environment, after `file`.
+fn load_from(file: Option<&Path>, env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    let env = env.iter().map(|(k, v)| (env_var(k), v.to_string()));
     Settings::load(&SettingsSource {
-        file: None,
-        env: Some(env),
+        file: file.map(Path::to_path_buf),
+        env: Some(env.collect()),
     })
+}
+
+fn load(env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    load_from(None, env)
+}
+
+/// Why settings with these keys are refused.
+fn refused(env: &[(&str, &str)]) -> String {
+    load(env).unwrap_err().to_string()
 }
 
 #[test]
@@ -36,56 +48,32 @@ fn defaults_load() {
 
 #[test]
 fn env_overrides_and_is_recorded() {
-    let s = load(&[
-        ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl"),
-        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "15m"),
-    ])
-    .unwrap();
+    let s = load(&[("amqp.delay_mode", "ttl"), ("windows.payment", "15m")]).unwrap();
     assert_eq!(s.amqp.delay_mode, DelayMode::Ttl);
     assert_eq!(s.windows.payment, Duration::from_secs(900));
     assert_eq!(
         s.sources["amqp.delay_mode"],
-        Source::Env("ORDER_TIMEOUT__AMQP__DELAY_MODE".into())
+        Source::Env(env_var("amqp.delay_mode"))
     );
 }
 
 #[test]
 fn wrong_values_name_their_key() {
-    for (var, value, key) in [
-        ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "fast", "amqp.delay_mode"),
-        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "soon", "windows.payment"),
-        ("ORDER_TIMEOUT__WINDOWS__RECEIPT", "60d", "windows.receipt"),
-        ("ORDER_TIMEOUT__HTTP__BIND", "localhost", "http.bind"),
-        ("ORDER_TIMEOUT__AMQP__URL", "http://x", "amqp.url"),
-        ("ORDER_TIMEOUT__AMQP__PREFETCH", "0", "amqp.prefetch"),
-        ("ORDER_TIMEOUT__LOG__FORMAT", "xml", "log.format"),
-        (
-            "ORDER_TIMEOUT__HTTP__HEADER_READ_TIMEOUT",
-            "0s",
-            "http.header_read_timeout",
-        ),
-        (
-            "ORDER_TIMEOUT__HTTP__REQUEST_TIMEOUT",
-            "forever",
-            "http.request_timeout",
-        ),
-        (
-            "ORDER_TIMEOUT__HTTP__MAX_CONNECTIONS",
-            "0",
-            "http.max_connections",
-        ),
-        (
-            "ORDER_TIMEOUT__HTTP__MAX_IN_FLIGHT",
-            "-1",
-            "http.max_in_flight",
-        ),
-        (
-            "ORDER_TIMEOUT__DATABASE__BACKGROUND_CONNECTIONS",
-            "0",
-            "database.background_connections",
-        ),
+    for (key, value) in [
+        ("amqp.delay_mode", "fast"),
+        ("windows.payment", "soon"),
+        ("windows.receipt", "60d"),
+        ("http.bind", "localhost"),
+        ("amqp.url", "http://x"),
+        ("amqp.prefetch", "0"),
+        ("log.format", "xml"),
+        ("http.header_read_timeout", "0s"),
+        ("http.request_timeout", "forever"),
+        ("http.max_connections", "0"),
+        ("http.max_in_flight", "-1"),
+        ("database.background_connections", "0"),
     ] {
-        let err = load(&[(var, value)]).unwrap_err().to_string();
+        let err = refused(&[(key, value)]);
         assert!(err.contains(&format!("`{key}`")), "{err}");
     }
 }
@@ -100,20 +88,16 @@ fn management_api_defaults_to_the_brokers_host_and_credentials() {
         ("guest", "guest")
     );
     assert_eq!(default.vhost, "/");
-    let shop = api(&[(
-        "ORDER_TIMEOUT__AMQP__URL",
-        "amqp://shop:pw@mq.internal:5672/shop%2Fa",
-    )])
-    .unwrap();
+    let shop = api(&[("amqp.url", "amqp://shop:pw@mq.internal:5672/shop%2Fa")]).unwrap();
     assert_eq!(shop.base, "http://mq.internal:15672");
     assert_eq!(
         (shop.username.as_str(), shop.vhost.as_str()),
         ("shop", "shop/a")
     );
     let given = api(&[
-        ("ORDER_TIMEOUT__AMQP__URL", "amqp://shop:pw@mq:5672/shop"),
+        ("amqp.url", "amqp://shop:pw@mq:5672/shop"),
         (
-            "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+            "amqp.management_url",
             "http://ops:s%40id@mq-admin:8080/rabbit/api/",
         ),
     ])
@@ -124,55 +108,33 @@ fn management_api_defaults_to_the_brokers_host_and_credentials() {
         ("ops", "s@id")
     );
     assert_eq!(given.vhost, "shop");
-    assert_eq!(api(&[("ORDER_TIMEOUT__AMQP__MANAGEMENT_URL", "off")]), None);
+    assert_eq!(api(&[("amqp.management_url", "off")]), None);
     // amqps://: the default would be https, which this client cannot speak.
-    assert_eq!(
-        api(&[("ORDER_TIMEOUT__AMQP__URL", "amqps://u:p@mq:5671/%2f")]),
-        None
-    );
+    assert_eq!(api(&[("amqp.url", "amqps://u:p@mq:5671/%2f")]), None);
     for bad in ["https://mq:15671", "ftp://mq", "not a url"] {
-        let err = load(&[("ORDER_TIMEOUT__AMQP__MANAGEMENT_URL", bad)])
-            .unwrap_err()
-            .to_string();
+        let err = refused(&[("amqp.management_url", bad)]);
         assert!(err.contains("`amqp.management_url`"), "{bad}: {err}");
     }
     // Shown without the password.
-    let shown = load(&[(
-        "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
-        "http://ops:hunter2@mq:15672",
-    )])
-    .unwrap()
-    .describe();
+    let shown = load(&[("amqp.management_url", "http://ops:hunter2@mq:15672")])
+        .unwrap()
+        .describe();
     assert!(!format!("{shown:?}").contains("hunter2"));
 }
 
 #[test]
 fn urls_that_libraries_would_quote_whole_stop_here_redacted() {
-    for (var, value) in [
-        ("ORDER_TIMEOUT__DATABASE__URL", "mariadb://u:hunter2pw@h/db"),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://u:hunter2#pw@h/db",
-        ),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://u:hunter2?pw@h/db",
-        ),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://u:hunter2/pw@h/db",
-        ),
-        ("ORDER_TIMEOUT__DATABASE__URL", "oracle://u:hunter2pw@h/db"),
-        ("ORDER_TIMEOUT__AMQP__URL", "amqp:u:hunter2pw@h"),
-        ("ORDER_TIMEOUT__AMQP__URL", "amqp://u:hunter2#pw@h:5672/%2f"),
+    for (key, value) in [
+        ("database.url", "mariadb://u:hunter2pw@h/db"),
+        ("database.url", "postgres://u:hunter2#pw@h/db"),
+        ("database.url", "postgres://u:hunter2?pw@h/db"),
+        ("database.url", "postgres://u:hunter2/pw@h/db"),
+        ("database.url", "oracle://u:hunter2pw@h/db"),
+        ("amqp.url", "amqp:u:hunter2pw@h"),
+        ("amqp.url", "amqp://u:hunter2#pw@h:5672/%2f"),
     ] {
-        let err = load(&[(var, value)]).unwrap_err().to_string();
+        let err = refused(&[(key, value)]);
         assert!(!err.contains("hunter2"), "{value}: {err}");
-        let key = if var.contains("DATABASE") {
-            "database.url"
-        } else {
-            "amqp.url"
-        };
         assert!(err.contains(&format!("`{key}`")), "{value}: {err}");
     }
     // Well-formed URLs pass, percent-encoded passwords included.
@@ -181,7 +143,7 @@ fn urls_that_libraries_would_quote_whole_stop_here_redacted() {
         "mysql://root@127.0.0.1:3306/x",
         "sqlite::memory:",
     ] {
-        load(&[("ORDER_TIMEOUT__DATABASE__URL", url)]).unwrap();
+        load(&[("database.url", url)]).unwrap();
     }
     let scrubbed = scrub_url(
         "error with 'postgres://u:p%23w@h/db' and p#w",
@@ -193,7 +155,7 @@ fn urls_that_libraries_would_quote_whole_stop_here_redacted() {
 #[test]
 fn a_cluster_is_several_addresses_of_one_vhost_each_redacted() {
     let list = "amqp://svc:hunter2@mq-1:5672/shop, amqp://svc:hunter3@mq-2:5673/shop,amqp://svc:hunter%2C4@mq-3/shop";
-    let s = load(&[("ORDER_TIMEOUT__AMQP__URL", list)]).unwrap();
+    let s = load(&[("amqp.url", list)]).unwrap();
     assert_eq!(
         s.amqp.addresses(),
         [
@@ -231,9 +193,7 @@ fn a_cluster_is_several_addresses_of_one_vhost_each_redacted() {
             "is not",
         ),
     ] {
-        let err = load(&[("ORDER_TIMEOUT__AMQP__URL", bad)])
-            .unwrap_err()
-            .to_string();
+        let err = refused(&[("amqp.url", bad)]);
         assert!(
             err.contains("`amqp.url`") && err.contains(says),
             "{bad}: {err}"
@@ -247,9 +207,7 @@ fn a_cluster_is_several_addresses_of_one_vhost_each_redacted() {
 
 #[test]
 fn unknown_keys_are_refused() {
-    let err = load(&[("ORDER_TIMEOUT__AMQP__DELAYMODE", "ttl")])
-        .unwrap_err()
-        .to_string();
+    let err = refused(&[("amqp.delaymode", "ttl")]);
     assert!(err.contains("`amqp.delaymode`"), "{err}");
 }
 
@@ -263,17 +221,7 @@ fn file_layer_sits_between_defaults_and_env() {
         "[amqp]\nprefix = \"shop.t\"\nprefetch = 50\n[windows]\npayment = \"10m\"\n",
     )
     .unwrap();
-    let env = [(
-        "ORDER_TIMEOUT__WINDOWS__PAYMENT".to_string(),
-        "5m".to_string(),
-    )]
-    .into_iter()
-    .collect();
-    let s = Settings::load(&SettingsSource {
-        file: Some(path.clone()),
-        env: Some(env),
-    })
-    .unwrap();
+    let s = load_file(&path, &[("windows.payment", "5m")]).unwrap();
     assert_eq!(s.amqp.prefix, "shop.t");
     assert_eq!(s.amqp.prefetch, 50);
     assert_eq!(s.windows.payment, Duration::from_secs(300));
@@ -325,15 +273,10 @@ fn tokens_parse_as_a_comma_separated_list() {
 
 #[test]
 fn one_token_in_both_scopes_is_refused() {
-    let err = load(&[
-        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
-        (
-            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
-            &format!("{TOKEN_B},{TOKEN_A}"),
-        ),
-    ])
-    .unwrap_err()
-    .to_string();
+    let err = refused(&[
+        ("http.admin_tokens", TOKEN_A),
+        ("http.checkout_tokens", &format!("{TOKEN_B},{TOKEN_A}")),
+    ]);
     assert!(err.contains("`http.checkout_tokens`"), "{err}");
     assert!(err.contains("`http.admin_tokens`"), "{err}");
     assert!(!err.contains(TOKEN_A), "{err}");
@@ -347,9 +290,7 @@ fn a_reachable_bind_needs_tokens_or_an_explicitly_open_api() {
         "[::]:8080",
         "[::ffff:10.0.0.1]:80",
     ] {
-        let err = load(&[("ORDER_TIMEOUT__HTTP__BIND", bind)])
-            .unwrap_err()
-            .to_string();
+        let err = refused(&[("http.bind", bind)]);
         for key in [
             "`http.bind`",
             "`http.admin_tokens`",
@@ -358,16 +299,8 @@ fn a_reachable_bind_needs_tokens_or_an_explicitly_open_api() {
         ] {
             assert!(err.contains(key), "{bind}: {err}");
         }
-        load(&[
-            ("ORDER_TIMEOUT__HTTP__BIND", bind),
-            ("ORDER_TIMEOUT__HTTP__ALLOW_ANONYMOUS", "true"),
-        ])
-        .unwrap();
-        load(&[
-            ("ORDER_TIMEOUT__HTTP__BIND", bind),
-            ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_A),
-        ])
-        .unwrap();
+        load(&[("http.bind", bind), ("http.allow_anonymous", "true")]).unwrap();
+        load(&[("http.bind", bind), ("http.checkout_tokens", TOKEN_A)]).unwrap();
     }
     for loopback in [
         "127.0.0.1:0",
@@ -375,12 +308,10 @@ fn a_reachable_bind_needs_tokens_or_an_explicitly_open_api() {
         "[::1]:8080",
         "[::ffff:127.0.0.1]:80",
     ] {
-        let s = load(&[("ORDER_TIMEOUT__HTTP__BIND", loopback)]).unwrap();
+        let s = load(&[("http.bind", loopback)]).unwrap();
         assert!(!s.http.has_tokens());
     }
-    let err = load(&[("ORDER_TIMEOUT__HTTP__PROTECT_OPERATIONS", "true")])
-        .unwrap_err()
-        .to_string();
+    let err = refused(&[("http.protect_operations", "true")]);
     assert!(err.contains("`http.protect_operations`"), "{err}");
 }
 
@@ -388,20 +319,12 @@ fn a_reachable_bind_needs_tokens_or_an_explicitly_open_api() {
 fn the_default_payment_window_stays_within_the_maximum() {
     let s = load(&[]).unwrap();
     assert_eq!(s.windows.max_payment, Duration::from_secs(7 * 86400));
-    let err = load(&[("ORDER_TIMEOUT__WINDOWS__PAYMENT", "8d")])
-        .unwrap_err()
-        .to_string();
+    let err = refused(&[("windows.payment", "8d")]);
     assert!(err.contains("`windows.payment`"), "{err}");
     assert!(err.contains("`windows.max_payment` (7days)"), "{err}");
-    let s = load(&[
-        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "8d"),
-        ("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "10d"),
-    ])
-    .unwrap();
+    let s = load(&[("windows.payment", "8d"), ("windows.max_payment", "10d")]).unwrap();
     assert_eq!(s.windows.payment, Duration::from_secs(8 * 86400));
-    let err = load(&[("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "60d")])
-        .unwrap_err()
-        .to_string();
+    let err = refused(&[("windows.max_payment", "60d")]);
     assert!(err.contains("`windows.max_payment`"), "{err}");
 }
 
@@ -414,9 +337,9 @@ fn secrets_are_redacted() {
     let token = Secret::opaque("hunter2-token-0123456789");
     assert_eq!(format!("{token:?} {token}"), "Secret(***) ***");
     let shown = load(&[
-        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
+        ("http.admin_tokens", TOKEN_A),
         (
-            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
+            "http.checkout_tokens",
             &format!("{TOKEN_B},hunter2-token-0123456789"),
         ),
     ])
@@ -479,179 +402,57 @@ fn the_keys_of_a_section_share_its_name() {
     }
 }
 
-/// A valid value other than the default for every key (the test below fails
-/// on a key missing here, so a new key must add one).
-fn another_value(key: &str, ca_file: &str) -> String {
-    let value = match key {
-        "database.url" => "postgres://u:p@db.internal/shop",
-        "database.max_connections" => "11",
-        "database.background_connections" => "6",
-        "database.migrate_on_start" => "false",
-        "amqp.url" => "amqp://shop:pw@mq.internal:5672/shop",
-        "amqp.connect_timeout" => "3s",
-        "amqp.prefix" => "shop.timeouts",
-        "amqp.delay_mode" => "ttl",
-        "amqp.prefetch" => "9",
-        "amqp.router_prefetch" => "8",
-        "amqp.queue_type" => "quorum",
-        "amqp.instance" => "instance-a",
-        "amqp.tls_ca_file" => ca_file,
-        "amqp.management_url" => "off",
-        "http.bind" => "127.0.0.1:9090",
-        "http.checkout_tokens" => "cccccccc-0123456789,dddddddd-0123456789",
-        "http.admin_tokens" => "eeeeeeee-0123456789,ffffffff-0123456789",
-        "http.allow_anonymous" => "true",
-        "http.protect_operations" => "true",
-        "http.header_read_timeout" => "10s",
-        "http.request_timeout" => "10s",
-        "http.idempotency_retention" => "2h",
-        "http.max_connections" => "7",
-        "http.max_in_flight" => "7",
-        "windows.payment" => "15m",
-        "windows.fulfillment" => "8d",
-        "windows.receipt" => "15d",
-        "windows.max_payment" => "10d",
-        "consumer.batch_size" => "7",
-        "consumer.batch_wait" => "6ms",
-        "consumer.hold_max" => "2s",
-        "consumer.catch_up" => "false",
-        "relay.enabled" => "false",
-        "relay.batch_size" => "7",
-        "relay.interval" => "1s",
-        "relay.max_attempts" => "3",
-        "sweeper.enabled" => "false",
-        "sweeper.interval" => "1m",
-        "sweeper.grace" => "2m",
-        "sweeper.batch_size" => "7",
-        "metrics.gauge_interval" => "1m",
-        "metrics.overdue_after" => "5m",
-        "log.format" => "json",
-        "log.level" => "debug",
-        other => panic!("no other value for `{other}`: add one to this test"),
-    };
-    value.to_string()
-}
-
-#[test]
-fn every_key_reaches_its_own_field() {
-    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca_file = dir.join("ca.pem");
-    std::fs::write(
-        &ca_file,
-        "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
-    )
-    .unwrap();
-    let ca_file = ca_file.display().to_string();
-    // A token in the admin scope, so that `http.protect_operations = true`
-    // passes the cross-key checks.
-    let admin = ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A);
-    let base = load(&[admin]).unwrap().describe();
-    // The orders and their mapping only mean something together: see
-    // `every_mapping_key_reaches_its_own_field`.
-    let alone = |k: &&Key| !k.name.starts_with("mapping.") && k.name != "orders.source";
-    for (i, key) in keys().enumerate().filter(|(_, k)| alone(k)) {
-        let var = format!(
-            "{ENV_PREFIX}__{}",
-            key.name.replace('.', "__").to_uppercase()
-        );
-        let value = another_value(key.name, &ca_file);
-        // A later variable wins over an earlier one of the same name.
-        let described = load(&[admin, (&var, &value)])
-            .unwrap_or_else(|e| panic!("`{}` = '{value}': {e}", key.name))
-            .describe();
-        let (name, shown, source) = &described[i];
-        assert_eq!(name, key.name);
-        assert_ne!(shown, &base[i].1, "`{}` did not change its field", key.name);
-        assert_eq!(source, &Source::Env(var.clone()));
-    }
-    std::fs::remove_dir_all(dir).unwrap();
-}
-
 /// Two complete mappings between them set every `mapping.*` key to a value
 /// of its own; each shows up in its own key.
 #[test]
 fn every_mapping_key_reaches_its_own_field() {
     let common = [
-        ("ORDER_TIMEOUT__DATABASE__URL", "postgres://u@db/shop"),
-        ("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped"),
-        ("ORDER_TIMEOUT__MAPPING__TABLE", "shop.orders_t"),
-        ("ORDER_TIMEOUT__MAPPING__ID_COLUMN", "id_c"),
-        ("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "status_c"),
-        ("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "stamp_c"),
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "p_from"),
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "p_to"),
-        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__FROM", "f_from"),
-        ("ORDER_TIMEOUT__MAPPING__RECEIPT__FROM", "r_from"),
-        ("ORDER_TIMEOUT__MAPPING__RECEIPT__TO", "r_to"),
+        ("database.url", "postgres://u@db/shop"),
+        ("orders.source", "mapped"),
+        ("mapping.table", "shop.orders_t"),
+        ("mapping.id_column", "id_c"),
+        ("mapping.status_column", "status_c"),
+        ("mapping.stamp_column", "stamp_c"),
+        ("mapping.payment.from", "p_from"),
+        ("mapping.payment.to", "p_to"),
+        ("mapping.fulfillment.from", "f_from"),
+        ("mapping.receipt.from", "r_from"),
+        ("mapping.receipt.to", "r_to"),
     ];
     let a = [
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN", "p_since"),
-        ("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "America/Bogota"),
-        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__TO", "f_to"),
-        (
-            "ORDER_TIMEOUT__MAPPING__FULFILLMENT__DEADLINE_COLUMN",
-            "f_deadline",
-        ),
-        ("ORDER_TIMEOUT__MAPPING__RECEIPT__SINCE_COLUMN", "r_since"),
-        ("ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_TABLE", "items_t"),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_ORDER_COLUMN",
-            "items_order",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_SKU_COLUMN",
-            "items_sku",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_QUANTITY_COLUMN",
-            "items_qty",
-        ),
-        ("ORDER_TIMEOUT__MAPPING__STOCK__TABLE", "stock_t"),
-        ("ORDER_TIMEOUT__MAPPING__STOCK__ID_COLUMN", "stock_id"),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__RESERVED_COLUMN",
-            "stock_reserved",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__AVAILABLE_COLUMN",
-            "stock_available",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__RELEASE_SQL",
-            "DELETE FROM holds WHERE o = $1",
-        ),
+        ("mapping.payment.since_column", "p_since"),
+        ("mapping.time_zone", "America/Bogota"),
+        ("mapping.fulfillment.to", "f_to"),
+        ("mapping.fulfillment.deadline_column", "f_deadline"),
+        ("mapping.receipt.since_column", "r_since"),
+        ("mapping.stock.items_table", "items_t"),
+        ("mapping.stock.items_order_column", "items_order"),
+        ("mapping.stock.items_sku_column", "items_sku"),
+        ("mapping.stock.items_quantity_column", "items_qty"),
+        ("mapping.stock.table", "stock_t"),
+        ("mapping.stock.id_column", "stock_id"),
+        ("mapping.stock.reserved_column", "stock_reserved"),
+        ("mapping.stock.available_column", "stock_available"),
+        ("mapping.release_sql", "DELETE FROM holds WHERE o = $1"),
     ];
     let b = [
-        (
-            "ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN",
-            "p_deadline",
-        ),
-        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__FLAG_COLUMN", "f_flag"),
-        (
-            "ORDER_TIMEOUT__MAPPING__FULFILLMENT__SINCE_COLUMN",
-            "f_since",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__RECEIPT__DEADLINE_COLUMN",
-            "r_deadline",
-        ),
+        ("mapping.payment.deadline_column", "p_deadline"),
+        ("mapping.fulfillment.flag_column", "f_flag"),
+        ("mapping.fulfillment.since_column", "f_since"),
+        ("mapping.receipt.deadline_column", "r_deadline"),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for variant in [&a[..], &b[..]] {
         let env: Vec<(&str, &str)> = common.iter().chain(variant).copied().collect();
         let described = load(&env).unwrap_or_else(|e| panic!("{e}")).describe();
-        for (var, value) in &env[1..] {
-            let key = var["ORDER_TIMEOUT__".len()..]
-                .replace("__", ".")
-                .to_lowercase();
+        for (key, value) in &env[1..] {
             let (_, shown, source) = described
                 .iter()
-                .find(|(k, _, _)| *k == key)
+                .find(|(k, _, _)| *k == *key)
                 .unwrap_or_else(|| panic!("{key} not described"));
             assert_eq!(shown, value, "`{key}`");
-            assert_eq!(source, &Source::Env(var.to_string()));
-            seen.insert(key);
+            assert_eq!(source, &Source::Env(env_var(key)));
+            seen.insert(key.to_string());
         }
     }
     let all: std::collections::BTreeSet<String> = keys()
@@ -665,110 +466,44 @@ fn every_mapping_key_reaches_its_own_field() {
 #[test]
 fn a_mapping_that_cannot_work_names_its_key() {
     let mapped = [
-        ("ORDER_TIMEOUT__DATABASE__URL", "postgres://u@db/shop"),
-        ("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped"),
-        ("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order"),
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "0"),
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "4"),
-        (
-            "ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN",
-            "create_time",
-        ),
+        ("database.url", "postgres://u@db/shop"),
+        ("orders.source", "mapped"),
+        ("mapping.table", "oms_order"),
+        ("mapping.payment.from", "0"),
+        ("mapping.payment.to", "4"),
+        ("mapping.payment.since_column", "create_time"),
     ];
     load(&mapped).expect("a minimal mapping");
-    // (changes to the minimal mapping, the key named, what the reason says)
-    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
-    let cases: &[Case] = &[
-        // A mapping key while the service owns the orders would be ignored.
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order")],
-            "mapping.table",
-            "`orders.source` is owned",
-        ),
-        (
-            &[("ORDER_TIMEOUT__DATABASE__URL", "sqlite::memory:")],
-            "orders.source",
-            "PostgreSQL or MySQL",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TABLE", "")],
-            "mapping.table",
-            "must name",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order; DROP TABLE x")],
-            "mapping.table",
-            "not a table name",
-        ),
+    // A mapping key while the service owns the orders would be ignored.
+    let owned = refused(&[("mapping.table", "oms_order")]);
+    assert!(owned.contains("`mapping.table`") && owned.contains("`orders.source` is owned"));
+    // Each: a change to the minimal mapping => the key named: what the reason says.
+    for case in [
+        "database.url = sqlite::memory: => orders.source: PostgreSQL or MySQL",
+        "mapping.table =  => mapping.table: must name",
+        "mapping.table = oms_order; DROP TABLE x => mapping.table: not a table name",
         // Spliced into statements as a quoted literal: nothing that could end it.
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "UTC' OR '1'='1")],
-            "mapping.time_zone",
-            "not a time zone",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "+15:00")],
-            "mapping.time_zone",
-            "between -14:00 and +14:00",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "a.b")],
-            "mapping.status_column",
-            "not a column name",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "")],
-            "mapping.payment.to",
-            "must be set",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "0")],
-            "mapping.payment.to",
-            "same status",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN", "")],
-            "mapping.payment.deadline_column",
-            "set this",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN", "d")],
-            "mapping.payment.since_column",
-            "not both",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "create_time")],
-            "mapping.stamp_column",
-            "would move the deadline",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__RECEIPT__TO", "3")],
-            "mapping.receipt.to",
-            "needs `mapping.receipt.from`",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_TABLE", "items")],
-            "mapping.stock.items_order_column",
-            "must be set",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__RELEASE_SQL", "UPDATE s SET r = 0")],
-            "mapping.release_sql",
-            "does not bind the order id",
-        ),
-    ];
-    for (changes, key, said) in cases {
-        let env: Vec<(&str, &str)> = if changes[0].0 == "ORDER_TIMEOUT__MAPPING__TABLE"
-            && *key == "mapping.table"
-            && said.contains("owned")
-        {
-            changes.to_vec()
-        } else {
-            mapped.iter().chain(changes.iter()).copied().collect()
-        };
+        "mapping.time_zone = UTC' OR '1'='1 => mapping.time_zone: not a time zone",
+        "mapping.time_zone = +15:00 => mapping.time_zone: between -14:00 and +14:00",
+        "mapping.status_column = a.b => mapping.status_column: not a column name",
+        "mapping.payment.to =  => mapping.payment.to: must be set",
+        "mapping.payment.to = 0 => mapping.payment.to: same status",
+        "mapping.payment.since_column =  => mapping.payment.deadline_column: set this",
+        "mapping.payment.deadline_column = d => mapping.payment.since_column: not both",
+        "mapping.stamp_column = create_time => mapping.stamp_column: would move the deadline",
+        "mapping.receipt.to = 3 => mapping.receipt.to: needs `mapping.receipt.from`",
+        "mapping.stock.items_table = items => mapping.stock.items_order_column: must be set",
+        "mapping.release_sql = UPDATE s SET r = 0 => mapping.release_sql: does not bind the order id",
+    ] {
+        let (change, named) = case.split_once(" => ").unwrap();
+        let ((set, value), (key, said)) = (
+            change.split_once(" = ").unwrap(),
+            named.split_once(": ").unwrap(),
+        );
+        let env: Vec<_> = mapped.iter().copied().chain([(set, value)]).collect();
         match load(&env) {
             Err(SettingsError::Invalid { key: k, reason }) => {
-                assert_eq!(&k, key, "{reason}");
+                assert_eq!(k, key, "{reason}");
                 assert!(reason.contains(said), "{key}: {reason}");
             }
             other => panic!("{key}: expected a refusal, got {other:?}"),
@@ -780,14 +515,7 @@ fn a_mapping_that_cannot_work_names_its_key() {
 const SHIPPED: &str = include_str!("../../config/order-timeout.toml");
 
 fn load_file(path: &Path, env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
-    let env = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Settings::load(&SettingsSource {
-        file: Some(path.to_path_buf()),
-        env: Some(env),
-    })
+    load_from(Some(path), env)
 }
 
 /// Every key's value as `doctor` shows it, without where it came from.
@@ -910,18 +638,12 @@ deadline_column = "receive_by"
 "#,
     )
     .unwrap();
-    let token = (
-        "ORDER_TIMEOUT__HTTP__ADMIN_TOKENS",
-        "hunter2-admin-0123456789",
-    );
+    let token = ("http.admin_tokens", "hunter2-admin-0123456789");
     let env = [
-        ("ORDER_TIMEOUT__AMQP__PREFIX", "shop.timeouts"),
+        ("amqp.prefix", "shop.timeouts"),
+        ("http.checkout_tokens", "hunter2-check-0123456789"),
         (
-            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
-            "hunter2-check-0123456789",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__RELEASE_SQL",
+            "mapping.release_sql",
             "UPDATE holds SET note = 'it''s \"late\"' WHERE o = ?; DELETE FROM h WHERE o = ?",
         ),
     ];
@@ -955,11 +677,8 @@ deadline_column = "receive_by"
         err.contains("`http.checkout_tokens`") && err.contains("redacted"),
         "{err}"
     );
-    let read_back = load_file(
-        &again,
-        &[token, ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", env[1].1)],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let read_back = load_file(&again, &[token, ("http.checkout_tokens", env[1].1)])
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(values(&read_back), values(&settings));
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -975,29 +694,29 @@ fn with_nothing_given_the_settings_in_effect_are_the_defaults() {
 
 /// Every live key and a few restart-only ones, each given a value other than its default.
 const RELOADED: &[(&str, &str)] = &[
-    ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "15m"),
-    ("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "3d"),
-    ("ORDER_TIMEOUT__WINDOWS__RECEIPT", "10d"),
-    ("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "2d"),
-    ("ORDER_TIMEOUT__CONSUMER__BATCH_SIZE", "17"),
-    ("ORDER_TIMEOUT__CONSUMER__BATCH_WAIT", "7ms"),
-    ("ORDER_TIMEOUT__CONSUMER__HOLD_MAX", "3s"),
-    ("ORDER_TIMEOUT__RELAY__BATCH_SIZE", "33"),
-    ("ORDER_TIMEOUT__RELAY__INTERVAL", "2s"),
-    ("ORDER_TIMEOUT__SWEEPER__INTERVAL", "9s"),
-    ("ORDER_TIMEOUT__SWEEPER__GRACE", "11s"),
-    ("ORDER_TIMEOUT__SWEEPER__BATCH_SIZE", "44"),
-    ("ORDER_TIMEOUT__METRICS__GAUGE_INTERVAL", "5s"),
-    ("ORDER_TIMEOUT__METRICS__OVERDUE_AFTER", "90s"),
-    ("ORDER_TIMEOUT__LOG__LEVEL", "debug"),
-    ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_A),
-    ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_B),
-    ("ORDER_TIMEOUT__AMQP__PREFIX", "elsewhere"),
-    ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl"),
-    ("ORDER_TIMEOUT__AMQP__QUEUE_TYPE", "quorum"),
-    ("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:9999"),
-    ("ORDER_TIMEOUT__SWEEPER__ENABLED", "false"),
-    ("ORDER_TIMEOUT__CONSUMER__CATCH_UP", "false"),
+    ("windows.payment", "15m"),
+    ("windows.fulfillment", "3d"),
+    ("windows.receipt", "10d"),
+    ("windows.max_payment", "2d"),
+    ("consumer.batch_size", "17"),
+    ("consumer.batch_wait", "7ms"),
+    ("consumer.hold_max", "3s"),
+    ("relay.batch_size", "33"),
+    ("relay.interval", "2s"),
+    ("sweeper.interval", "9s"),
+    ("sweeper.grace", "11s"),
+    ("sweeper.batch_size", "44"),
+    ("metrics.gauge_interval", "5s"),
+    ("metrics.overdue_after", "90s"),
+    ("log.level", "debug"),
+    ("http.checkout_tokens", TOKEN_A),
+    ("http.admin_tokens", TOKEN_B),
+    ("amqp.prefix", "elsewhere"),
+    ("amqp.delay_mode", "ttl"),
+    ("amqp.queue_type", "quorum"),
+    ("http.bind", "127.0.0.1:9999"),
+    ("sweeper.enabled", "false"),
+    ("consumer.catch_up", "false"),
 ];
 
 #[test]
@@ -1030,7 +749,7 @@ fn a_reload_takes_the_live_keys_and_nothing_else() {
     // Where an applied value came from follows it.
     assert_eq!(
         applied.sources["windows.payment"],
-        Source::Env("ORDER_TIMEOUT__WINDOWS__PAYMENT".into())
+        Source::Env(env_var("windows.payment"))
     );
     assert_eq!(applied.sources["amqp.prefix"], Source::Default);
 }
@@ -1040,27 +759,15 @@ fn a_reload_takes_the_live_keys_and_nothing_else() {
 #[test]
 fn a_rotated_token_or_a_new_password_is_a_change() {
     let running = load(&[
-        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://shop:hunter2-old@127.0.0.1/shop",
-        ),
-        (
-            "ORDER_TIMEOUT__AMQP__URL",
-            "amqp://shop:hunter2-old@127.0.0.1/%2f",
-        ),
+        ("http.admin_tokens", TOKEN_A),
+        ("database.url", "postgres://shop:hunter2-old@127.0.0.1/shop"),
+        ("amqp.url", "amqp://shop:hunter2-old@127.0.0.1/%2f"),
     ])
     .unwrap();
     let new = load(&[
-        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_B),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://shop:hunter2-new@127.0.0.1/shop",
-        ),
-        (
-            "ORDER_TIMEOUT__AMQP__URL",
-            "amqp://shop:hunter2-new@127.0.0.1/%2f",
-        ),
+        ("http.admin_tokens", TOKEN_B),
+        ("database.url", "postgres://shop:hunter2-new@127.0.0.1/shop"),
+        ("amqp.url", "amqp://shop:hunter2-new@127.0.0.1/%2f"),
     ])
     .unwrap();
     let found = changes(&running, &new);
@@ -1092,14 +799,14 @@ fn a_rotated_token_or_a_new_password_is_a_change() {
 /// pass the checks a start would.
 #[test]
 fn a_reload_never_leaves_the_api_without_its_tokens() {
-    let running = load(&[("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A)]).unwrap();
+    let running = load(&[("http.admin_tokens", TOKEN_A)]).unwrap();
     let none = load(&[]).unwrap();
     let refused = check_applied(&running, &running.with_live(&none)).unwrap_err();
     assert!(
         refused.to_string().contains("http.admin_tokens"),
         "{refused}"
     );
-    let rotated = load(&[("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_B)]).unwrap();
+    let rotated = load(&[("http.checkout_tokens", TOKEN_B)]).unwrap();
     check_applied(&running, &running.with_live(&rotated)).unwrap();
     // Open on loopback at start: tokens may be added by a reload.
     check_applied(&none, &none.with_live(&running)).unwrap();
