@@ -1,4 +1,4 @@
-//! The table of settings: every key declared once, in the [`settings!`] call
+//! The table of settings: every key declared once, in the `settings!` call
 //! below, with its type, built-in default, reader and one-line description.
 //! The macro makes of it the section structs and [`Settings`], the placeholder
 //! they are read into, and one [`Key`] entry per key that the defaults layer,

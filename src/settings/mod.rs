@@ -6,11 +6,13 @@
 //! stops start-up with a message naming its key, and an unknown key (a typo) is
 //! refused instead of silently ignored.
 //!
-//! Each key is one entry of the table in `keys.rs` (name, default and why,
-//! reader into its field, how `doctor` shows it, its one-line description);
-//! the defaults layer, the known-key check, [`Settings::load`],
-//! [`Settings::describe`] and the settings file (`file.rs`:
-//! `config/order-timeout.toml`, `order-timeout config`) all walk it.
+//! Each key is declared once, in the table of `keys.rs`: its doc line, type,
+//! default, how its text is read, and whether a reload applies it (`[live]`).
+//! A macro makes of it the section structs and [`Settings`], and the key
+//! entries that the defaults layer, the known-key check, [`Settings::load`],
+//! [`Settings::describe`], a reload and the settings file (`file.rs`:
+//! `config/order-timeout.toml`, `order-timeout config`) all walk. A value's
+//! type says how it is shown and whether it is a secret (`keys::Field`).
 //! Checks across keys (`checks.rs`) run after their section's keys are read.
 
 use std::collections::{BTreeMap, HashMap};
