@@ -55,18 +55,17 @@ impl Settings {
     /// every other key kept as it is.
     pub fn with_live(&self, new: &Settings) -> Settings {
         let mut out = self.clone();
-        for key in keys().filter(|k| k.live && is_live(k.name, self)) {
+        for key in keys().filter(|k| is_live(k.name, self)) {
             (key.copy)(&mut out, new);
-        }
-        // Where each applied value came from, and its text, follow it.
-        for name in live_keys().filter(|k| is_live(k, self)) {
-            match new.sources.get(name) {
-                Some(source) => out.sources.insert(name.to_string(), source.clone()),
-                None => out.sources.remove(name),
+            // Where the applied value came from, and its text, follow it.
+            let name = key.name.to_string();
+            match new.sources.get(key.name) {
+                Some(source) => out.sources.insert(name.clone(), source.clone()),
+                None => out.sources.remove(key.name),
             };
-            match new.given.get(name) {
-                Some(text) => out.given.insert(name.to_string(), text.clone()),
-                None => out.given.remove(name),
+            match new.given.get(key.name) {
+                Some(text) => out.given.insert(name, text.clone()),
+                None => out.given.remove(key.name),
             };
         }
         out

@@ -324,31 +324,21 @@ pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
     for kind in crate::domain::TimeoutKind::ALL {
         check_kind(kind.as_str(), m.kind(kind), &m.stamp_column)?;
     }
-    let s = &m.stock;
-    let stock_keys = [
-        ("mapping.stock.items_table", &s.items_table),
-        ("mapping.stock.items_order_column", &s.items_order_column),
-        ("mapping.stock.items_sku_column", &s.items_sku_column),
-        (
-            "mapping.stock.items_quantity_column",
-            &s.items_quantity_column,
-        ),
-        ("mapping.stock.table", &s.table),
-        ("mapping.stock.id_column", &s.id_column),
-        ("mapping.stock.reserved_column", &s.reserved_column),
-    ];
-    let given = stock_keys.iter().filter(|(_, v)| !v.is_empty()).count();
-    if given != 0 && given != stock_keys.len() {
-        let (missing, _) = stock_keys
-            .iter()
-            .find(|(_, v)| v.is_empty())
-            .expect("one is empty");
+    // Every `mapping.stock.*` key but the optional available column, in table order.
+    let stock: Vec<(&str, String)> = keys()
+        .filter(|k| k.name.starts_with("mapping.stock.") && !k.name.ends_with(".available_column"))
+        .map(|k| (k.name, (k.show)(settings)))
+        .collect();
+    let given = stock.iter().filter(|(_, v)| !v.is_empty()).count();
+    if let Some((missing, _)) = stock.iter().find(|(_, v)| v.is_empty())
+        && given != 0
+    {
         return Err(invalid(
             missing,
             "must be set: a stock mapping needs the items table, its order, SKU and quantity columns, and the stock table, its key and reserved column",
         ));
     }
-    if !s.available_column.is_empty() && given == 0 {
+    if !m.stock.available_column.is_empty() && given == 0 {
         return Err(invalid(
             "mapping.stock.available_column",
             "needs the rest of `mapping.stock.*`",
