@@ -4,23 +4,12 @@
 
 use super::*;
 
-/// Each key's text from the layer that set it last, and which layer that was.
-pub(super) struct Merged {
-    /// The text of every known key.
-    pub values: BTreeMap<String, String>,
-    /// Where each came from, for `doctor`.
-    pub sources: BTreeMap<String, Source>,
-}
-
-impl Merged {
-    /// A key's text; every known key has at least its default.
-    pub fn value(&self, key: &str) -> &str {
-        self.values.get(key).map(String::as_str).unwrap_or_default()
-    }
-}
+/// Each key's text and where it came from.
+pub(super) type Merged = BTreeMap<String, (String, Source)>;
 
 /// Reads the layers in order, later ones winning: the defaults of the key
-/// table, the file (`--config` or [`CONFIG_FILE_ENV`]), then the environment.
+/// table, the file (`--config` or [`CONFIG_FILE_ENV`]), then the environment;
+/// every known key has at least its default.
 pub(super) fn merge(source: &SettingsSource) -> Result<Merged, SettingsError> {
     let env_map: HashMap<String, String> = match &source.env {
         Some(map) => map.clone(),
@@ -30,27 +19,18 @@ pub(super) fn merge(source: &SettingsSource) -> Result<Merged, SettingsError> {
         .file
         .clone()
         .or_else(|| env_map.get(CONFIG_FILE_ENV).map(PathBuf::from));
-    let mut merged = Merged {
-        values: keys()
-            .map(|k| (k.name.to_string(), k.default.to_string()))
-            .collect(),
-        sources: keys()
-            .map(|k| (k.name.to_string(), Source::Default))
-            .collect(),
-    };
+    let mut merged: Merged = keys()
+        .map(|k| (k.name.to_string(), (k.default.to_string(), Source::Default)))
+        .collect();
     if let Some(path) = &file {
         for (key, value) in read_file(path)? {
             check_known(&key, &format!("file {}", path.display()))?;
-            merged
-                .sources
-                .insert(key.clone(), Source::File(path.clone()));
-            merged.values.insert(key, value);
+            merged.insert(key, (value, Source::File(path.clone())));
         }
     }
     for (key, value, var) in read_env(&env_map) {
         check_known(&key, &format!("env {var}"))?;
-        merged.sources.insert(key.clone(), Source::Env(var));
-        merged.values.insert(key, value);
+        merged.insert(key, (value, Source::Env(var)));
     }
     Ok(merged)
 }

@@ -191,12 +191,13 @@ impl Settings {
     /// stops it, named.
     pub fn load(source: &SettingsSource) -> Result<Self, SettingsError> {
         let merged = layers::merge(source)?;
-        let mut settings = Settings::unread(merged.sources.clone());
+        let sources = merged.iter().map(|(k, (_, s))| (k.clone(), s.clone()));
+        let mut settings = Settings::unread(sources.collect());
         for section in SECTIONS {
             for key in section.keys {
-                let text = merged.value(key.name);
+                let (text, source) = &merged[key.name];
                 (key.read)(key.name, text, &mut settings)?;
-                if settings.sources.get(key.name) != Some(&Source::Default) {
+                if *source != Source::Default {
                     let shown = (key.written)(text);
                     settings.given.insert(key.name.to_string(), shown);
                 }

@@ -444,19 +444,17 @@ fn keys_in(file: &str) -> Vec<String> {
 #[test]
 fn the_shipped_file_is_the_table_written_out() {
     let written = defaults_file();
-    if written != SHIPPED {
-        let differs = written
-            .lines()
-            .zip(SHIPPED.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or(written.lines().count().min(SHIPPED.lines().count()));
-        panic!(
-            "config/order-timeout.toml is not the settings table written out \
-             (line {} differs: the table writes {:?}); regenerate it: {REGENERATE}",
-            differs + 1,
-            written.lines().nth(differs).unwrap_or("(end of file)"),
+    for (n, (ours, shipped)) in written.lines().zip(SHIPPED.lines()).enumerate() {
+        let line = n + 1;
+        assert_eq!(
+            ours, shipped,
+            "config/order-timeout.toml line {line}: {REGENERATE}"
         );
     }
+    assert_eq!(
+        written, SHIPPED,
+        "regenerate config/order-timeout.toml: {REGENERATE}"
+    );
 }
 
 #[test]
