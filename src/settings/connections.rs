@@ -89,12 +89,14 @@ fn parse_one_amqp_url(key: &str, value: &str) -> Result<lapin::uri::AMQPUri, Set
 /// database library quotes a URL it cannot parse or has no driver for whole,
 /// password included: such a URL stops start-up here, redacted.
 pub(super) fn parse_database_url(key: &str, value: &str) -> Result<String, SettingsError> {
-    let value = non_empty(key, value)?;
-    if value.starts_with("sqlite:") {
-        return Ok(value);
+    if value.trim().is_empty() {
+        return Err(invalid(key, "must not be empty"));
     }
-    let redacted = redact_url(&value);
-    let url = parse_url(key, &value)?;
+    if value.starts_with("sqlite:") {
+        return Ok(value.to_string());
+    }
+    let redacted = redact_url(value);
+    let url = parse_url(key, value)?;
     match url.scheme() {
         "postgres" | "postgresql" | "mysql" => {}
         "mariadb" => {
@@ -116,7 +118,7 @@ pub(super) fn parse_database_url(key: &str, value: &str) -> Result<String, Setti
             format!("'{redacted}' has no host; {ENCODE_HINT}"),
         ));
     }
-    Ok(value)
+    Ok(value.to_string())
 }
 
 /// `text` (a library's error message) with the secrets of `raw_url` replaced

@@ -76,15 +76,6 @@ macro_rules! fields {
     )*};
 }
 
-/// A secret as a whole (a token list): its text hidden unless empty.
-fn opaque(text: &str) -> String {
-    if text.is_empty() {
-        String::new()
-    } else {
-        REDACTED.to_string()
-    }
-}
-
 fields! {
     bool: false, |v: &bool| v.to_string();
     u16: 0, |v: &u16| v.to_string();
@@ -103,7 +94,7 @@ fields! {
         0 => String::new(),
         1 => "1 token (redacted)".to_string(),
         n => format!("{n} tokens (redacted)"),
-    }, opaque;
+    }, |text: &str| if text.is_empty() { String::new() } else { REDACTED.to_string() };
     Option<ManagementApi>: None, |m: &Option<ManagementApi>| match m {
         Some(m) => format!("{} (as {}, vhost {})", m.base, m.username, m.vhost),
         None => "off".to_string(),

@@ -322,7 +322,7 @@ pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
         ));
     }
     for kind in crate::domain::TimeoutKind::ALL {
-        check_kind(kind.as_str(), m.kind(kind), &m.stamp_column)?;
+        check_kind(kind.as_str(), m.kind(kind), settings)?;
     }
     // Every `mapping.stock.*` key but the optional available column, in table order.
     let stock: Vec<(&str, String)> = keys()
@@ -349,23 +349,22 @@ pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
 
 /// One kind: a mapped kind has its target (status or flag column) and
 /// exactly one way to know its deadline; an unmapped one has nothing set.
-fn check_kind(kind: &str, k: &KindMapping, stamp: &str) -> Result<(), SettingsError> {
+fn check_kind(kind: &str, k: &KindMapping, settings: &Settings) -> Result<(), SettingsError> {
     let key = |field: &str| format!("mapping.{kind}.{field}");
+    let stamp = &settings.mapping.stamp_column;
     if !k.is_mapped() {
-        for (field, value) in [
-            ("to", &k.to),
-            ("flag_column", &k.flag_column),
-            ("deadline_column", &k.deadline_column),
-            ("since_column", &k.since_column),
-        ] {
-            if !value.is_empty() {
-                return Err(invalid(
-                    &key(field),
-                    format!("needs `mapping.{kind}.from`: the status this timeout acts on"),
-                ));
-            }
-        }
-        return Ok(());
+        let prefix = key("");
+        let set = keys().find(|key| {
+            let given = !(key.show)(settings).is_empty();
+            key.name.starts_with(&prefix) && !key.name.ends_with(".from") && given
+        });
+        return match set {
+            Some(set) => Err(invalid(
+                set.name,
+                format!("needs `mapping.{kind}.from`: the status this timeout acts on"),
+            )),
+            None => Ok(()),
+        };
     }
     match (k.to.is_empty(), k.flag_column.is_empty()) {
         (true, true) => {
@@ -405,7 +404,7 @@ fn check_kind(kind: &str, k: &KindMapping, stamp: &str) -> Result<(), SettingsEr
             &key("since_column"),
             format!("set either this or `mapping.{kind}.deadline_column`, not both"),
         )),
-        _ if !stamp.is_empty() && (k.deadline_column == stamp || k.since_column == stamp) => {
+        _ if !stamp.is_empty() && (k.deadline_column == *stamp || k.since_column == *stamp) => {
             Err(invalid(
                 "mapping.stamp_column",
                 format!(

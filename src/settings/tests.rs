@@ -42,6 +42,12 @@ fn shown(settings: &Settings, key: &str) -> String {
     described.find(|(k, _, _)| k == key).unwrap().1
 }
 
+/// `key = value | key = value …` as pairs for [`load`].
+fn pairs(text: &str) -> Vec<(&str, &str)> {
+    let pairs = text.split(" | ").map(|p| p.trim().split_once(" = "));
+    pairs.map(Option::unwrap).collect()
+}
+
 const TOKEN_A: &str = "hunter2-token-aaaaaaaa";
 const TOKEN_B: &str = "hunter2-token-bbbbbbbb";
 
@@ -330,44 +336,24 @@ fn the_table_lists_every_key_once_described_in_one_line() {
 /// of its own; each shows up in its own key.
 #[test]
 fn every_mapping_key_reaches_its_own_field() {
-    let common = [
-        ("database.url", "postgres://u@db/shop"),
-        ("orders.source", "mapped"),
-        ("mapping.table", "shop.orders_t"),
-        ("mapping.id_column", "id_c"),
-        ("mapping.status_column", "status_c"),
-        ("mapping.stamp_column", "stamp_c"),
-        ("mapping.payment.from", "p_from"),
-        ("mapping.payment.to", "p_to"),
-        ("mapping.fulfillment.from", "f_from"),
-        ("mapping.receipt.from", "r_from"),
-        ("mapping.receipt.to", "r_to"),
-    ];
-    let a = [
-        ("mapping.payment.since_column", "p_since"),
-        ("mapping.time_zone", "America/Bogota"),
-        ("mapping.fulfillment.to", "f_to"),
-        ("mapping.fulfillment.deadline_column", "f_deadline"),
-        ("mapping.receipt.since_column", "r_since"),
-        ("mapping.stock.items_table", "items_t"),
-        ("mapping.stock.items_order_column", "items_order"),
-        ("mapping.stock.items_sku_column", "items_sku"),
-        ("mapping.stock.items_quantity_column", "items_qty"),
-        ("mapping.stock.table", "stock_t"),
-        ("mapping.stock.id_column", "stock_id"),
-        ("mapping.stock.reserved_column", "stock_reserved"),
-        ("mapping.stock.available_column", "stock_available"),
-        ("mapping.release_sql", "DELETE FROM holds WHERE o = $1"),
-    ];
-    let b = [
-        ("mapping.payment.deadline_column", "p_deadline"),
-        ("mapping.fulfillment.flag_column", "f_flag"),
-        ("mapping.fulfillment.since_column", "f_since"),
-        ("mapping.receipt.deadline_column", "r_deadline"),
-    ];
+    let common = "database.url = postgres://u@db/shop | orders.source = mapped \
+        | mapping.table = shop.orders_t | mapping.id_column = id_c | mapping.status_column = status_c \
+        | mapping.stamp_column = stamp_c | mapping.payment.from = p_from | mapping.payment.to = p_to \
+        | mapping.fulfillment.from = f_from | mapping.receipt.from = r_from | mapping.receipt.to = r_to";
+    let a = "mapping.payment.since_column = p_since | mapping.time_zone = America/Bogota \
+        | mapping.fulfillment.to = f_to | mapping.fulfillment.deadline_column = f_deadline \
+        | mapping.receipt.since_column = r_since | mapping.stock.items_table = items_t \
+        | mapping.stock.items_order_column = items_order | mapping.stock.items_sku_column = items_sku \
+        | mapping.stock.items_quantity_column = items_qty | mapping.stock.table = stock_t \
+        | mapping.stock.id_column = stock_id | mapping.stock.reserved_column = stock_reserved \
+        | mapping.stock.available_column = stock_available \
+        | mapping.release_sql = DELETE FROM holds WHERE o = $1";
+    let b = "mapping.payment.deadline_column = p_deadline | mapping.fulfillment.flag_column = f_flag \
+        | mapping.fulfillment.since_column = f_since | mapping.receipt.deadline_column = r_deadline";
     let mut seen = std::collections::BTreeSet::new();
-    for variant in [&a[..], &b[..]] {
-        let env: Vec<(&str, &str)> = common.iter().chain(variant).copied().collect();
+    for variant in [a, b] {
+        let text = format!("{common} | {variant}");
+        let env = pairs(&text);
         let described = load(&env).unwrap_or_else(|e| panic!("{e}")).describe();
         for (key, value) in &env[1..] {
             let (_, shown, source) = described
@@ -389,14 +375,11 @@ fn every_mapping_key_reaches_its_own_field() {
 /// What the mapping must say, across keys, is refused naming the key.
 #[test]
 fn a_mapping_that_cannot_work_names_its_key() {
-    let mapped = [
-        ("database.url", "postgres://u@db/shop"),
-        ("orders.source", "mapped"),
-        ("mapping.table", "oms_order"),
-        ("mapping.payment.from", "0"),
-        ("mapping.payment.to", "4"),
-        ("mapping.payment.since_column", "create_time"),
-    ];
+    let mapped = pairs(
+        "database.url = postgres://u@db/shop | orders.source = mapped | mapping.table = oms_order \
+         | mapping.payment.from = 0 | mapping.payment.to = 4 \
+         | mapping.payment.since_column = create_time",
+    );
     load(&mapped).expect("a minimal mapping");
     // Each: a change to the minimal mapping => the key named: what the reason says.
     refuses(
@@ -556,38 +539,25 @@ fn with_nothing_given_the_settings_in_effect_are_the_defaults() {
 }
 
 /// Every live key and a few restart-only ones, each given a value other than its default.
-const RELOADED: &[(&str, &str)] = &[
-    ("windows.payment", "15m"),
-    ("windows.fulfillment", "3d"),
-    ("windows.receipt", "10d"),
-    ("windows.max_payment", "2d"),
-    ("consumer.batch_size", "17"),
-    ("consumer.batch_wait", "7ms"),
-    ("consumer.hold_max", "3s"),
-    ("relay.batch_size", "33"),
-    ("relay.interval", "2s"),
-    ("sweeper.interval", "9s"),
-    ("sweeper.grace", "11s"),
-    ("sweeper.batch_size", "44"),
-    ("metrics.gauge_interval", "5s"),
-    ("metrics.overdue_after", "90s"),
-    ("log.level", "debug"),
-    ("http.checkout_tokens", TOKEN_A),
-    ("http.admin_tokens", TOKEN_B),
-    ("amqp.prefix", "elsewhere"),
-    ("amqp.delay_mode", "ttl"),
-    ("amqp.queue_type", "quorum"),
-    ("http.bind", "127.0.0.1:9999"),
-    ("sweeper.enabled", "false"),
-    ("consumer.catch_up", "false"),
-];
+const RELOADED: &str = "windows.payment = 15m | windows.fulfillment = 3d | windows.receipt = 10d \
+    | windows.max_payment = 2d | consumer.batch_size = 17 | consumer.batch_wait = 7ms \
+    | consumer.hold_max = 3s | relay.batch_size = 33 | relay.interval = 2s | sweeper.interval = 9s \
+    | sweeper.grace = 11s | sweeper.batch_size = 44 | metrics.gauge_interval = 5s \
+    | metrics.overdue_after = 90s | log.level = debug \
+    | http.checkout_tokens = hunter2-token-aaaaaaaa | http.admin_tokens = hunter2-token-bbbbbbbb \
+    | amqp.prefix = elsewhere | amqp.delay_mode = ttl | amqp.queue_type = quorum \
+    | http.bind = 127.0.0.1:9999 | sweeper.enabled = false | consumer.catch_up = false";
 
 #[test]
 fn a_reload_takes_the_live_keys_and_nothing_else() {
     let running = load(&[]).unwrap();
-    let new = load(RELOADED).unwrap();
+    let new = load(&pairs(RELOADED)).unwrap();
     let all: Vec<&str> = changes(&running, &new).iter().map(|c| c.key).collect();
-    assert_eq!(all.len(), RELOADED.len(), "each given key differs: {all:?}");
+    assert_eq!(
+        all.len(),
+        pairs(RELOADED).len(),
+        "each given key differs: {all:?}"
+    );
     for key in live_keys() {
         assert!(all.contains(&key), "the test changes every live key: {key}");
     }
@@ -615,6 +585,14 @@ fn a_reload_takes_the_live_keys_and_nothing_else() {
         Source::Env(env_var("windows.payment"))
     );
     assert_eq!(applied.sources["amqp.prefix"], Source::Default);
+    // A mapped table keeps its windows until a restart.
+    let mut running = running;
+    running.mapping.source = OrdersSource::Mapped;
+    assert!(!is_live("windows.payment", &running));
+    assert!(is_live("sweeper.interval", &running));
+    let applied = running.with_live(&new);
+    assert_eq!(applied.windows.payment, running.windows.payment);
+    assert_eq!(applied.sweeper.interval, new.sweeper.interval);
 }
 
 /// A token swapped for another, or a URL whose password alone changed, shows
@@ -696,18 +674,6 @@ fn a_syntax_error_names_line_and_column_never_the_text() {
         assert!(error.contains(&format!("line {line}, column ")), "{error}");
         std::fs::remove_dir_all(dir).unwrap();
     }
-}
-
-#[test]
-fn a_mapped_table_keeps_its_windows_until_a_restart() {
-    let mut running = load(&[]).unwrap();
-    running.mapping.source = OrdersSource::Mapped;
-    let new = load(RELOADED).unwrap();
-    assert!(!is_live("windows.payment", &running));
-    assert!(is_live("sweeper.interval", &running));
-    let applied = running.with_live(&new);
-    assert_eq!(applied.windows.payment, running.windows.payment);
-    assert_eq!(applied.sweeper.interval, new.sweeper.interval);
 }
 
 /// `mapping.time_zone`: offsets east positive, as MySQL and ISO 8601 write
