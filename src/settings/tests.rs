@@ -532,6 +532,11 @@ fn with_nothing_given_the_settings_in_effect_are_the_defaults() {
     assert_eq!(body(&printed), body(SHIPPED));
 }
 
+/// The keys whose values differ from `a` to `b`.
+fn changed(a: &Settings, b: &Settings) -> Vec<&'static str> {
+    changes(a, b).iter().map(|c| c.key).collect()
+}
+
 /// Every live key and a few restart-only ones, each given a value other than its default.
 const RELOADED: &str = "windows.payment = 15m | windows.fulfillment = 3d | windows.receipt = 10d \
     | windows.max_payment = 2d | consumer.batch_size = 17 | consumer.batch_wait = 7ms \
@@ -546,33 +551,16 @@ const RELOADED: &str = "windows.payment = 15m | windows.fulfillment = 3d | windo
 fn a_reload_takes_the_live_keys_and_nothing_else() {
     let running = load(&[]).unwrap();
     let new = load(&pairs(RELOADED)).unwrap();
-    let all: Vec<&str> = changes(&running, &new).iter().map(|c| c.key).collect();
-    assert_eq!(
-        all.len(),
-        pairs(RELOADED).len(),
-        "each given key differs: {all:?}"
-    );
+    let all = changed(&running, &new);
+    assert_eq!(all.len(), pairs(RELOADED).len(), "each given key differs");
     for key in live_keys() {
         assert!(all.contains(&key), "the test changes every live key: {key}");
     }
     let applied = running.with_live(&new);
-    let taken: Vec<&str> = changes(&running, &applied).iter().map(|c| c.key).collect();
-    let left: Vec<&str> = changes(&applied, &new).iter().map(|c| c.key).collect();
-    assert_eq!(
-        taken,
-        all.iter()
-            .copied()
-            .filter(|k| is_live(k, &running))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(
-        left,
-        all.iter()
-            .copied()
-            .filter(|k| !is_live(k, &running))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(taken.len(), live_keys().count());
+    let (live, restart): (Vec<&str>, Vec<&str>) = all.iter().partition(|k| is_live(k, &running));
+    assert_eq!(changed(&running, &applied), live);
+    assert_eq!(changed(&applied, &new), restart);
+    assert_eq!(live.len(), live_keys().count());
     // Where an applied value came from follows it.
     assert_eq!(
         applied.sources["windows.payment"],
@@ -605,19 +593,10 @@ fn a_rotated_token_or_a_new_password_is_a_change() {
         ("amqp.url", "amqp://shop:hunter2-new@127.0.0.1/%2f"),
     ])
     .unwrap();
-    let found = changes(&running, &new);
-    let keys: Vec<&str> = found.iter().map(|c| c.key).collect();
     // The management API takes its password from `amqp.url`.
-    assert_eq!(
-        keys,
-        [
-            "database.url",
-            "amqp.url",
-            "amqp.management_url",
-            "http.admin_tokens"
-        ]
-    );
-    let shown = format!("{found:?}");
+    let keys = "database.url amqp.url amqp.management_url http.admin_tokens";
+    assert_eq!(changed(&running, &new).join(" "), keys);
+    let shown = format!("{:?}", changes(&running, &new));
     for secret in [TOKEN_A, TOKEN_B, "hunter2"] {
         assert!(!shown.contains(secret), "{shown}");
     }
