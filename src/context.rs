@@ -88,7 +88,7 @@ impl Health {
 /// Everything the components share.
 pub struct Context {
     /// The settings as the service started. The keys a reload may change
-    /// ([`crate::settings::LIVE_KEYS`]) are read through [`Context::live`].
+    /// ([`crate::settings::live_keys`]) are read through [`Context::live`].
     pub settings: Settings,
     /// The settings in effect, and reloading them.
     pub reloader: Reloader,

@@ -9,6 +9,18 @@ use super::*;
 pub(super) const ENCODE_HINT: &str =
     "percent-encode reserved characters (: / ? # [ ] @ %) in the user name and password";
 
+/// A URL the database or the AMQP library would quote whole if it could not
+/// parse it: refused here, shown redacted.
+fn parse_url(key: &str, value: &str) -> Result<url::Url, SettingsError> {
+    url::Url::parse(value).map_err(|e| {
+        let redacted = redact_url(value);
+        invalid(
+            key,
+            format!("'{redacted}' is not a URL ({e}); {ENCODE_HINT}"),
+        )
+    })
+}
+
 /// `amqp.url`: one broker URL, or several separated by commas (the nodes of
 /// a cluster, tried in turn: see `amqp::connect`), each checked with the parser
 /// the AMQP client itself uses, so that no URL reaches the client that it
@@ -51,12 +63,7 @@ pub(super) fn parse_amqp_url(key: &str, value: &str) -> Result<String, SettingsE
 /// One address of `amqp.url`.
 fn parse_one_amqp_url(key: &str, value: &str) -> Result<lapin::uri::AMQPUri, SettingsError> {
     let redacted = redact_url(value);
-    let url = url::Url::parse(value).map_err(|e| {
-        invalid(
-            key,
-            format!("'{redacted}' is not a URL ({e}); {ENCODE_HINT}"),
-        )
-    })?;
+    let url = parse_url(key, value)?;
     if url.scheme() != "amqp" && url.scheme() != "amqps" {
         return Err(invalid(
             key,
@@ -82,17 +89,14 @@ fn parse_one_amqp_url(key: &str, value: &str) -> Result<lapin::uri::AMQPUri, Set
 /// database library quotes a URL it cannot parse or has no driver for whole,
 /// password included: such a URL stops start-up here, redacted.
 pub(super) fn parse_database_url(key: &str, value: &str) -> Result<String, SettingsError> {
-    let value = non_empty(key, value)?;
-    if value.starts_with("sqlite:") {
-        return Ok(value);
+    if value.trim().is_empty() {
+        return Err(invalid(key, "must not be empty"));
     }
-    let redacted = redact_url(&value);
-    let url = url::Url::parse(&value).map_err(|e| {
-        invalid(
-            key,
-            format!("'{redacted}' is not a URL ({e}); {ENCODE_HINT}"),
-        )
-    })?;
+    if value.starts_with("sqlite:") {
+        return Ok(value.to_string());
+    }
+    let redacted = redact_url(value);
+    let url = parse_url(key, value)?;
     match url.scheme() {
         "postgres" | "postgresql" | "mysql" => {}
         "mariadb" => {
@@ -114,7 +118,7 @@ pub(super) fn parse_database_url(key: &str, value: &str) -> Result<String, Setti
             format!("'{redacted}' has no host; {ENCODE_HINT}"),
         ));
     }
-    Ok(value)
+    Ok(value.to_string())
 }
 
 /// `text` (a library's error message) with the secrets of `raw_url` replaced

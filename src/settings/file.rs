@@ -71,7 +71,7 @@ fn render<'a>(out: &mut String, given: impl Fn(&Key) -> Option<(&'a str, &'a Sou
         for key in section.keys {
             let field = &key.name[name.len() + 1..];
             // The keys a reload applies while running say so.
-            let live = if LIVE_KEYS.contains(&key.name) {
+            let live = if key.live {
                 " Reloads live (SIGHUP)."
             } else {
                 ""
@@ -97,15 +97,6 @@ fn render<'a>(out: &mut String, given: impl Fn(&Key) -> Option<(&'a str, &'a Sou
 /// rest (`payment.from`) is a dotted key within it.
 pub(super) fn section_name(key: &str) -> &str {
     key.split_once('.').map_or(key, |(section, _)| section)
-}
-
-/// The text of a key's value as it was given or stored, redacted if the key is
-/// a secret. Empty text hides nothing and stays empty.
-pub(super) fn written(key: &Key, text: &str) -> String {
-    match &key.secret {
-        Some(secret) if !text.is_empty() => (secret.wrap)(text.to_string()).redacted(),
-        _ => text.to_string(),
-    }
 }
 
 /// A key's value as TOML: bare if it is a whole number or a boolean and so is

@@ -4,23 +4,12 @@
 
 use super::*;
 
-/// Each key's text from the layer that set it last, and which layer that was.
-pub(super) struct Merged {
-    /// The text of every known key.
-    pub values: BTreeMap<String, String>,
-    /// Where each came from, for `doctor`.
-    pub sources: BTreeMap<String, Source>,
-}
-
-impl Merged {
-    /// A key's text; every known key has at least its default.
-    pub fn value(&self, key: &str) -> &str {
-        self.values.get(key).map(String::as_str).unwrap_or_default()
-    }
-}
+/// Each key's text and where it came from.
+pub(super) type Merged = BTreeMap<String, (String, Source)>;
 
 /// Reads the layers in order, later ones winning: the defaults of the key
-/// table, the file (`--config` or [`CONFIG_FILE_ENV`]), then the environment.
+/// table, the file (`--config` or [`CONFIG_FILE_ENV`]), then the environment;
+/// every known key has at least its default.
 pub(super) fn merge(source: &SettingsSource) -> Result<Merged, SettingsError> {
     let env_map: HashMap<String, String> = match &source.env {
         Some(map) => map.clone(),
@@ -30,27 +19,18 @@ pub(super) fn merge(source: &SettingsSource) -> Result<Merged, SettingsError> {
         .file
         .clone()
         .or_else(|| env_map.get(CONFIG_FILE_ENV).map(PathBuf::from));
-    let mut merged = Merged {
-        values: keys()
-            .map(|k| (k.name.to_string(), k.default.to_string()))
-            .collect(),
-        sources: keys()
-            .map(|k| (k.name.to_string(), Source::Default))
-            .collect(),
-    };
+    let mut merged: Merged = keys()
+        .map(|k| (k.name.to_string(), (k.default.to_string(), Source::Default)))
+        .collect();
     if let Some(path) = &file {
         for (key, value) in read_file(path)? {
             check_known(&key, &format!("file {}", path.display()))?;
-            merged
-                .sources
-                .insert(key.clone(), Source::File(path.clone()));
-            merged.values.insert(key, value);
+            merged.insert(key, (value, Source::File(path.clone())));
         }
     }
-    for (key, value, var) in read_env(&env_map)? {
+    for (key, value, var) in read_env(&env_map) {
         check_known(&key, &format!("env {var}"))?;
-        merged.sources.insert(key.clone(), Source::Env(var));
-        merged.values.insert(key, value);
+        merged.insert(key, (value, Source::Env(var)));
     }
     Ok(merged)
 }
@@ -74,28 +54,14 @@ fn read_file(path: &Path) -> Result<Vec<(String, String)>, SettingsError> {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
-    // Parsed here first for the error alone: the `config` crate's message
-    // quotes the offending line, and that line may hold a token or a URL's
-    // password (a missing quote is the usual mistake).
-    if let Err(e) = text.parse::<toml::Table>() {
-        return Err(SettingsError::File {
+    // The parser's error is told by position, never quoting the line, which
+    // may hold a token or a URL's password (a missing quote is the usual mistake).
+    let table = text
+        .parse::<toml::Table>()
+        .map_err(|e| SettingsError::File {
             path: path.to_path_buf(),
             reason: syntax_error(&text, &e),
-        });
-    }
-    // Whatever `config` refuses that `toml` read is told without its text,
-    // which may quote the file.
-    let unreadable = |_| SettingsError::File {
-        path: path.to_path_buf(),
-        reason: "the file is TOML but its values cannot be read as settings".to_string(),
-    };
-    let config = Config::builder()
-        .add_source(File::from_str(&text, FileFormat::Toml))
-        .build()
-        .map_err(unreadable)?;
-    let table = config
-        .try_deserialize::<config::Map<String, Value>>()
-        .map_err(unreadable)?;
+        })?;
     let mut out = Vec::new();
     flatten("", table, &mut out)?;
     Ok(out)
@@ -116,9 +82,11 @@ pub(super) fn syntax_error(text: &str, error: &toml::de::Error) -> String {
     format!("line {line}, column {column}: {message}")
 }
 
+/// A table's values as dotted keys and text: numbers and booleans as they
+/// read, a nested table's keys under its name.
 fn flatten(
     prefix: &str,
-    table: config::Map<String, Value>,
+    table: toml::Table,
     out: &mut Vec<(String, String)>,
 ) -> Result<(), SettingsError> {
     for (key, value) in table {
@@ -127,43 +95,35 @@ fn flatten(
         } else {
             format!("{prefix}.{key}")
         };
-        match value.kind {
-            ValueKind::Table(inner) => flatten(&full, inner, out)?,
-            ValueKind::Array(_) => return Err(invalid(&full, "arrays are not accepted here")),
-            ValueKind::Nil => {}
-            _ => {
-                let text = value
-                    .into_string()
-                    .map_err(|e| invalid(&full, e.to_string()))?;
-                out.push((full, text));
+        let text = match value {
+            toml::Value::Table(inner) => {
+                flatten(&full, inner, out)?;
+                continue;
             }
-        }
+            toml::Value::Array(_) => return Err(invalid(&full, "arrays are not accepted here")),
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Datetime(d) => d.to_string(),
+        };
+        out.push((full, text));
     }
     Ok(())
 }
 
-/// Reads `ORDER_TIMEOUT__SECTION__KEY` variables into dotted keys.
-fn read_env(env: &HashMap<String, String>) -> Result<Vec<(String, String, String)>, SettingsError> {
-    // The config crate's Environment source does the prefix and separator work;
-    // we feed it the map so tests never have to set process variables.
-    let source = Environment::with_prefix(ENV_PREFIX)
-        .prefix_separator("__")
-        .separator("__")
-        .source(Some(env.clone().into_iter().collect()));
-    let config = Config::builder()
-        .add_source(source)
-        .build()
-        .map_err(|e| invalid("environment", e.to_string()))?;
-    let table = config
-        .try_deserialize::<config::Map<String, Value>>()
-        .map_err(|e| invalid("environment", e.to_string()))?;
-    let mut flat = Vec::new();
-    flatten("", table, &mut flat)?;
-    Ok(flat
-        .into_iter()
-        .map(|(key, value)| {
+/// Reads `ORDER_TIMEOUT__SECTION__KEY` variables (any case) into dotted keys,
+/// each with the variable's name as `doctor` tells it.
+fn read_env(env: &HashMap<String, String>) -> Vec<(String, String, String)> {
+    let prefix = format!("{ENV_PREFIX}__").to_lowercase();
+    let mut found: Vec<_> = env
+        .iter()
+        .filter_map(|(var, value)| {
+            let key = var.to_lowercase().strip_prefix(&prefix)?.replace("__", ".");
             let var = format!("{ENV_PREFIX}__{}", key.replace('.', "__").to_uppercase());
-            (key, value, var)
+            Some((key, value.clone(), var))
         })
-        .collect())
+        .collect();
+    found.sort();
+    found
 }

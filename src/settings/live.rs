@@ -3,30 +3,13 @@
 //! copied from newly loaded settings into the running ones; every other key is
 //! read once, at start, and a new value of it waits for a restart.
 
-use super::keys::{Key, keys};
 use super::*;
 
-/// The keys a reload applies while the service runs. The windows only for the
-/// service's own orders (see [`is_live`]).
-pub const LIVE_KEYS: &[&str] = &[
-    "windows.payment",
-    "windows.fulfillment",
-    "windows.receipt",
-    "windows.max_payment",
-    "http.checkout_tokens",
-    "http.admin_tokens",
-    "consumer.batch_size",
-    "consumer.batch_wait",
-    "consumer.hold_max",
-    "relay.batch_size",
-    "relay.interval",
-    "sweeper.interval",
-    "sweeper.grace",
-    "sweeper.batch_size",
-    "metrics.gauge_interval",
-    "metrics.overdue_after",
-    "log.level",
-];
+/// The keys a reload applies while the service runs (marked `[live]` in the
+/// table); the windows only for the service's own orders (see [`is_live`]).
+pub fn live_keys() -> impl Iterator<Item = &'static str> {
+    keys().filter(|k| k.live).map(|k| k.name)
+}
 
 /// Whether a reload applies `key` while running `settings`. A checkout stores
 /// its order's deadline, so a new window applies to later orders only; a
@@ -34,7 +17,7 @@ pub const LIVE_KEYS: &[&str] = &[
 /// when they are read, so there a new window would move the deadlines of
 /// orders already placed: it waits for a restart.
 pub fn is_live(key: &str, settings: &Settings) -> bool {
-    LIVE_KEYS.contains(&key)
+    keys().any(|k| k.live && k.name == key)
         && !(key.starts_with("windows.") && settings.mapping.source == OrdersSource::Mapped)
 }
 
@@ -56,10 +39,9 @@ pub struct Change {
 /// of a token or of a URL's password.
 pub fn changes(a: &Settings, b: &Settings) -> Vec<Change> {
     keys()
-        .filter_map(|key: &Key| {
+        .filter_map(|key| {
             let (from, to) = ((key.show)(a), (key.show)(b));
-            let secret_changed = key.secret.as_ref().is_some_and(|s| !(s.same)(a, b));
-            (from != to || secret_changed).then_some(Change {
+            (from != to || !(key.same)(a, b)).then_some(Change {
                 key: key.name,
                 from,
                 to,
@@ -73,32 +55,17 @@ impl Settings {
     /// every other key kept as it is.
     pub fn with_live(&self, new: &Settings) -> Settings {
         let mut out = self.clone();
-        if is_live("windows.payment", self) {
-            out.windows = new.windows.clone();
-        }
-        // Read at each request (`crate::http`): a rotated-out token is
-        // refused from the next request on.
-        out.http.checkout_tokens = new.http.checkout_tokens.clone();
-        out.http.admin_tokens = new.http.admin_tokens.clone();
-        out.consumer.batch_size = new.consumer.batch_size;
-        out.consumer.batch_wait = new.consumer.batch_wait;
-        out.consumer.hold_max = new.consumer.hold_max;
-        out.relay.batch_size = new.relay.batch_size;
-        out.relay.interval = new.relay.interval;
-        out.sweeper.interval = new.sweeper.interval;
-        out.sweeper.grace = new.sweeper.grace;
-        out.sweeper.batch_size = new.sweeper.batch_size;
-        out.metrics = new.metrics.clone();
-        out.log.level = new.log.level.clone();
-        // Where each applied value came from, and its text, follow it.
-        for name in LIVE_KEYS.iter().filter(|k| is_live(k, self)) {
-            match new.sources.get(*name) {
-                Some(source) => out.sources.insert(name.to_string(), source.clone()),
-                None => out.sources.remove(*name),
+        for key in keys().filter(|k| is_live(k.name, self)) {
+            (key.copy)(&mut out, new);
+            // Where the applied value came from, and its text, follow it.
+            let name = key.name.to_string();
+            match new.sources.get(key.name) {
+                Some(source) => out.sources.insert(name.clone(), source.clone()),
+                None => out.sources.remove(key.name),
             };
-            match new.given.get(*name) {
-                Some(text) => out.given.insert(name.to_string(), text.clone()),
-                None => out.given.remove(*name),
+            match new.given.get(key.name) {
+                Some(text) => out.given.insert(name, text.clone()),
+                None => out.given.remove(key.name),
             };
         }
         out

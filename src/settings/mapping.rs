@@ -11,25 +11,13 @@
 
 use super::*;
 
-/// Whose orders the timeouts act on (`orders.source`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OrdersSource {
-    /// The service's own tables, filled by its checkout API.
-    Owned,
-    /// A shop's own orders table, described by `mapping.*`.
-    Mapped,
-}
-
-impl OrdersSource {
-    /// Every source, in the order an error lists them.
-    pub const ALL: [Self; 2] = [Self::Owned, Self::Mapped];
-
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Owned => "owned",
-            Self::Mapped => "mapped",
-        }
+choice! {
+    /// Whose orders the timeouts act on (`orders.source`).
+    OrdersSource {
+        /// The service's own tables, filled by its checkout API.
+        Owned = "owned",
+        /// A shop's own orders table, described by `mapping.*`.
+        Mapped = "mapped",
     }
 }
 
@@ -92,7 +80,7 @@ impl StockMapping {
 }
 
 /// `orders.source` and `mapping.*`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MappingSettings {
     /// Whose orders.
     pub source: OrdersSource,
@@ -334,33 +322,23 @@ pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
         ));
     }
     for kind in crate::domain::TimeoutKind::ALL {
-        check_kind(kind.as_str(), m.kind(kind), &m.stamp_column)?;
+        check_kind(kind.as_str(), m.kind(kind), settings)?;
     }
-    let s = &m.stock;
-    let stock_keys = [
-        ("mapping.stock.items_table", &s.items_table),
-        ("mapping.stock.items_order_column", &s.items_order_column),
-        ("mapping.stock.items_sku_column", &s.items_sku_column),
-        (
-            "mapping.stock.items_quantity_column",
-            &s.items_quantity_column,
-        ),
-        ("mapping.stock.table", &s.table),
-        ("mapping.stock.id_column", &s.id_column),
-        ("mapping.stock.reserved_column", &s.reserved_column),
-    ];
-    let given = stock_keys.iter().filter(|(_, v)| !v.is_empty()).count();
-    if given != 0 && given != stock_keys.len() {
-        let (missing, _) = stock_keys
-            .iter()
-            .find(|(_, v)| v.is_empty())
-            .expect("one is empty");
+    // Every `mapping.stock.*` key but the optional available column, in table order.
+    let stock: Vec<(&str, String)> = keys()
+        .filter(|k| k.name.starts_with("mapping.stock.") && !k.name.ends_with(".available_column"))
+        .map(|k| (k.name, (k.show)(settings)))
+        .collect();
+    let given = stock.iter().filter(|(_, v)| !v.is_empty()).count();
+    if let Some((missing, _)) = stock.iter().find(|(_, v)| v.is_empty())
+        && given != 0
+    {
         return Err(invalid(
             missing,
             "must be set: a stock mapping needs the items table, its order, SKU and quantity columns, and the stock table, its key and reserved column",
         ));
     }
-    if !s.available_column.is_empty() && given == 0 {
+    if !m.stock.available_column.is_empty() && given == 0 {
         return Err(invalid(
             "mapping.stock.available_column",
             "needs the rest of `mapping.stock.*`",
@@ -371,23 +349,22 @@ pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
 
 /// One kind: a mapped kind has its target (status or flag column) and
 /// exactly one way to know its deadline; an unmapped one has nothing set.
-fn check_kind(kind: &str, k: &KindMapping, stamp: &str) -> Result<(), SettingsError> {
+fn check_kind(kind: &str, k: &KindMapping, settings: &Settings) -> Result<(), SettingsError> {
     let key = |field: &str| format!("mapping.{kind}.{field}");
+    let stamp = &settings.mapping.stamp_column;
     if !k.is_mapped() {
-        for (field, value) in [
-            ("to", &k.to),
-            ("flag_column", &k.flag_column),
-            ("deadline_column", &k.deadline_column),
-            ("since_column", &k.since_column),
-        ] {
-            if !value.is_empty() {
-                return Err(invalid(
-                    &key(field),
-                    format!("needs `mapping.{kind}.from`: the status this timeout acts on"),
-                ));
-            }
-        }
-        return Ok(());
+        let prefix = key("");
+        let set = keys().find(|key| {
+            let given = !(key.show)(settings).is_empty();
+            key.name.starts_with(&prefix) && !key.name.ends_with(".from") && given
+        });
+        return match set {
+            Some(set) => Err(invalid(
+                set.name,
+                format!("needs `mapping.{kind}.from`: the status this timeout acts on"),
+            )),
+            None => Ok(()),
+        };
     }
     match (k.to.is_empty(), k.flag_column.is_empty()) {
         (true, true) => {
@@ -427,7 +404,7 @@ fn check_kind(kind: &str, k: &KindMapping, stamp: &str) -> Result<(), SettingsEr
             &key("since_column"),
             format!("set either this or `mapping.{kind}.deadline_column`, not both"),
         )),
-        _ if !stamp.is_empty() && (k.deadline_column == stamp || k.since_column == stamp) => {
+        _ if !stamp.is_empty() && (k.deadline_column == *stamp || k.since_column == *stamp) => {
             Err(invalid(
                 "mapping.stamp_column",
                 format!(

@@ -3,13 +3,6 @@
 
 use super::*;
 
-pub(super) fn non_empty(key: &str, value: &str) -> Result<String, SettingsError> {
-    if value.trim().is_empty() {
-        return Err(invalid(key, "must not be empty"));
-    }
-    Ok(value.to_string())
-}
-
 pub(super) fn parse_bool(key: &str, value: &str) -> Result<bool, SettingsError> {
     match value.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),

@@ -10,32 +10,26 @@ pub const REDACTED: &str = "***";
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
     value: String,
-    /// How much of it may be shown.
-    shown: Shown,
-}
-
-/// What of a secret may be shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shown {
-    /// A URL: everything but its password.
-    UrlWithoutPassword,
-    /// Nothing (a bearer token is secret from end to end).
-    Nothing,
+    /// Nothing of it may be shown (a bearer token); otherwise it is a URL,
+    /// shown without its password.
+    opaque: bool,
 }
 
 impl Secret {
     /// Wraps a URL (or a password) whose password part is secret.
     pub fn new(value: impl Into<String>) -> Self {
+        let value = value.into();
         Self {
-            value: value.into(),
-            shown: Shown::UrlWithoutPassword,
+            value,
+            opaque: false,
         }
     }
     /// Wraps a value that is secret as a whole, such as a bearer token.
     pub fn opaque(value: impl Into<String>) -> Self {
+        let value = value.into();
         Self {
-            value: value.into(),
-            shown: Shown::Nothing,
+            value,
+            opaque: true,
         }
     }
     /// The secret itself, for the one place that must use it (a connect call).
@@ -44,9 +38,10 @@ impl Secret {
     }
     /// The value with any password replaced, safe for logs and `doctor`.
     pub fn redacted(&self) -> String {
-        match self.shown {
-            Shown::UrlWithoutPassword => redact_url(&self.value),
-            Shown::Nothing => REDACTED.to_string(),
+        if self.opaque {
+            REDACTED.to_string()
+        } else {
+            redact_url(&self.value)
         }
     }
 }

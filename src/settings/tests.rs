@@ -1,207 +1,250 @@
-//! Unit tests of the settings.
+//! Unit tests of the settings: the keys given in the environment (and a
+//! file), and what is loaded, shown, written out or refused.
 
-use super::keys::Key;
 use super::*;
 
-fn load(env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
-    let env = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+/// The environment variable that sets a dotted key.
+fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}__{}", key.replace('.', "__").to_uppercase())
+}
+
+/// The settings with these keys given in the environment, after `file`.
+fn load_from(file: Option<&Path>, env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    let env = env.iter().map(|(k, v)| (env_var(k), v.to_string()));
     Settings::load(&SettingsSource {
-        file: None,
-        env: Some(env),
+        file: file.map(Path::to_path_buf),
+        env: Some(env.collect()),
     })
 }
 
-#[test]
-fn defaults_load() {
-    let s = load(&[]).unwrap();
-    assert_eq!(s.amqp.prefix, "order.timeouts");
-    assert_eq!(s.windows.payment, Duration::from_secs(1800));
-    assert_eq!(s.windows.fulfillment, Duration::from_secs(7 * 86400));
-    assert_eq!(s.http.bind.to_string(), "127.0.0.1:8080");
-    assert_eq!(s.amqp.delay_mode, DelayMode::Auto);
-    assert_eq!(s.http.header_read_timeout, Duration::from_secs(75));
-    assert_eq!(s.http.request_timeout, Duration::from_secs(30));
-    assert_eq!((s.http.max_connections, s.http.max_in_flight), (1024, 100));
-    assert_eq!(
-        (
-            s.database.max_connections,
-            s.database.background_connections
-        ),
-        (10, 5)
-    );
+fn load(env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    load_from(None, env)
+}
+
+/// A fresh directory holding `name` with this text.
+fn temp_file(name: &str, text: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+/// Every key's value as `doctor` shows it, without where it came from.
+fn values(settings: &Settings) -> Vec<(String, String)> {
+    let described = settings.describe().into_iter();
+    described.map(|(key, shown, _)| (key, shown)).collect()
+}
+
+/// One key's value as `doctor` shows it.
+fn shown(settings: &Settings, key: &str) -> String {
+    let mut described = settings.describe().into_iter();
+    described.find(|(k, _, _)| k == key).unwrap().1
+}
+
+/// `key = value | key = value …` as pairs for [`load`].
+fn pairs(text: &str) -> Vec<(&str, &str)> {
+    let pairs = text.split(" | ").map(|p| p.trim().split_once(" = "));
+    pairs.map(Option::unwrap).collect()
+}
+
+const TOKEN_A: &str = "hunter2-token-aaaaaaaa";
+const TOKEN_B: &str = "hunter2-token-bbbbbbbb";
+
+/// Each case, `key = value => key named: what the reason says`, given after
+/// `base`, is refused naming that key, without a secret (`hunter2`) in the error.
+fn refuses(base: &[(&str, &str)], cases: &[&str]) {
+    for case in cases {
+        let (change, named) = case.split_once(" => ").unwrap();
+        let ((set, value), (key, said)) = (
+            change.split_once(" = ").unwrap(),
+            named.split_once(": ").unwrap(),
+        );
+        let env: Vec<_> = base.iter().copied().chain([(set, value)]).collect();
+        let err = load(&env).expect_err(case);
+        let text = err.to_string();
+        match &err {
+            SettingsError::Invalid { key: k, .. } | SettingsError::Unknown { key: k, .. } => {
+                assert_eq!(k, key, "{case}: {text}");
+            }
+            SettingsError::File { .. } => panic!("{case}: {text}"),
+        }
+        assert!(text.contains(said), "{case}: {text}");
+        assert!(!text.contains("hunter2"), "{case}: {text}");
+    }
 }
 
 #[test]
-fn env_overrides_and_is_recorded() {
-    let s = load(&[
-        ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl"),
-        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "15m"),
-    ])
-    .unwrap();
+fn defaults_load_and_each_layer_wins_over_the_one_before() {
+    // Every key's default parses, and together they pass the checks across keys.
+    let defaults = load(&[]).unwrap();
+    for (key, value) in [
+        ("amqp.prefix", "order.timeouts"),
+        ("amqp.delay_mode", "auto"),
+        ("windows.payment", "30m"),
+        ("windows.fulfillment", "7days"),
+        ("windows.max_payment", "7days"),
+        ("http.bind", "127.0.0.1:8080"),
+        ("http.header_read_timeout", "1m 15s"),
+        ("http.request_timeout", "30s"),
+        ("http.max_connections", "1024"),
+        ("http.max_in_flight", "100"),
+        ("database.max_connections", "10"),
+        ("database.background_connections", "5"),
+    ] {
+        assert_eq!(shown(&defaults, key), value, "{key}");
+    }
+    let (dir, path) = temp_file(
+        "c.toml",
+        "[amqp]\nprefix = \"shop.t\"\nprefetch = 50\n[windows]\npayment = \"10m\"\n",
+    );
+    let env = [("amqp.delay_mode", "ttl"), ("windows.payment", "5m")];
+    let s = load_from(Some(&path), &env).unwrap();
+    assert_eq!((s.amqp.prefix.as_str(), s.amqp.prefetch), ("shop.t", 50));
     assert_eq!(s.amqp.delay_mode, DelayMode::Ttl);
-    assert_eq!(s.windows.payment, Duration::from_secs(900));
-    assert_eq!(
-        s.sources["amqp.delay_mode"],
-        Source::Env("ORDER_TIMEOUT__AMQP__DELAY_MODE".into())
-    );
+    assert_eq!(s.windows.payment, Duration::from_secs(300));
+    assert_eq!(s.sources["amqp.prefix"], Source::File(path));
+    let var = env_var("windows.payment");
+    assert_eq!(s.sources["windows.payment"], Source::Env(var));
+    assert_eq!(s.sources["windows.receipt"], Source::Default);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
-fn wrong_values_name_their_key() {
-    for (var, value, key) in [
-        ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "fast", "amqp.delay_mode"),
-        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "soon", "windows.payment"),
-        ("ORDER_TIMEOUT__WINDOWS__RECEIPT", "60d", "windows.receipt"),
-        ("ORDER_TIMEOUT__HTTP__BIND", "localhost", "http.bind"),
-        ("ORDER_TIMEOUT__AMQP__URL", "http://x", "amqp.url"),
-        ("ORDER_TIMEOUT__AMQP__PREFETCH", "0", "amqp.prefetch"),
-        ("ORDER_TIMEOUT__LOG__FORMAT", "xml", "log.format"),
-        (
-            "ORDER_TIMEOUT__HTTP__HEADER_READ_TIMEOUT",
-            "0s",
-            "http.header_read_timeout",
-        ),
-        (
-            "ORDER_TIMEOUT__HTTP__REQUEST_TIMEOUT",
-            "forever",
-            "http.request_timeout",
-        ),
-        (
-            "ORDER_TIMEOUT__HTTP__MAX_CONNECTIONS",
-            "0",
-            "http.max_connections",
-        ),
-        (
-            "ORDER_TIMEOUT__HTTP__MAX_IN_FLIGHT",
-            "-1",
-            "http.max_in_flight",
-        ),
-        (
-            "ORDER_TIMEOUT__DATABASE__BACKGROUND_CONNECTIONS",
-            "0",
-            "database.background_connections",
-        ),
+fn wrong_values_are_refused_naming_their_key_never_a_secret() {
+    refuses(
+        &[],
+        &[
+            "amqp.delay_mode = fast => amqp.delay_mode: (expected auto, plugin or ttl)",
+            "log.format = xml => log.format: (expected pretty or json)",
+            "windows.payment = soon => windows.payment: is not a duration",
+            "http.request_timeout = forever => http.request_timeout: is not a duration",
+            "windows.receipt = 60d => windows.receipt: is out of range",
+            "http.header_read_timeout = 0s => http.header_read_timeout: is out of range",
+            "http.bind = localhost => http.bind: (expected host:port",
+            "amqp.prefetch = 0 => amqp.prefetch: from 1 to 65535",
+            "http.max_connections = 0 => http.max_connections: from 1 to 1000000",
+            "http.max_in_flight = -1 => http.max_in_flight: a whole number",
+            "database.background_connections = 0 => database.background_connections: from 1 to 1000",
+            // A key nobody reads is a typo.
+            "amqp.delaymode = ttl => amqp.delaymode: unknown setting",
+            // URLs a library would quote whole, password included.
+            "database.url = mariadb://u:hunter2pw@h/db => database.url: with mysql://, not mariadb://",
+            "database.url = postgres://u:hunter2#pw@h/db => database.url: percent-encode",
+            "database.url = postgres://u:hunter2?pw@h/db => database.url: percent-encode",
+            "database.url = postgres://u:hunter2/pw@h/db => database.url: percent-encode",
+            "database.url = oracle://u:hunter2pw@h/db => database.url: scheme 'oracle'",
+            "amqp.url = http://x => amqp.url: scheme 'http'",
+            "amqp.url = amqp:u:hunter2pw@h => amqp.url: is not an AMQP URL",
+            "amqp.url = amqp://u:hunter2#pw@h:5672/%2f => amqp.url: percent-encode",
+            // A cluster is one broker: one vhost; each address checked alone.
+            "amqp.url = amqp://u:p@a/shop,amqp://u:p@b/other => amqp.url: vhost 'other'",
+            "amqp.url = amqp://u:p@a/shop,,amqp://u:p@b/shop => amqp.url: address 2 of 3 is empty",
+            "amqp.url = amqp://u:p@a/shop,http://b/shop => amqp.url: scheme 'http'",
+            "amqp.url = amqp://u:hunter2@a/shop,amqp://u:hunter2#x@b/shop => amqp.url: is not",
+            "amqp.management_url = https://mq:15671 => amqp.management_url: https is not supported",
+            "amqp.management_url = ftp://mq => amqp.management_url: scheme 'ftp'",
+            "amqp.management_url = not a url => amqp.management_url: is not a URL",
+            // Tokens are told by position, never shown.
+            "http.admin_tokens = hunter2 => http.admin_tokens: 7 characters; at least 16",
+            "http.admin_tokens = hunter2 has a space => http.admin_tokens: token 1 contains whitespace",
+            "http.admin_tokens = hunter2\ttab-0123456789 => http.admin_tokens: token 1 contains whitespace",
+            "http.admin_tokens = hunter2-é-0123456789 => http.admin_tokens: not printable ASCII",
+            "http.admin_tokens = hunter2-token-aaaaaaaa,,hunter2-token-bbbbbbbb => http.admin_tokens: token 2 is empty",
+            "http.admin_tokens = hunter2-token-aaaaaaaa,hunter2-token-aaaaaaaa => http.admin_tokens: token 2 is given twice",
+            // A reachable API says who may call it, or that anyone may.
+            "http.bind = 0.0.0.0:8080 => http.bind: set `http.admin_tokens` and/or `http.checkout_tokens`, or `http.allow_anonymous",
+            "http.bind = 10.1.2.3:8080 => http.bind: set `http.admin_tokens`",
+            "http.bind = [::]:8080 => http.bind: set `http.admin_tokens`",
+            "http.bind = [::ffff:10.0.0.1]:80 => http.bind: set `http.admin_tokens`",
+            "http.protect_operations = true => http.protect_operations: true needs a token",
+            "windows.payment = 8d => windows.payment: longer than `windows.max_payment` (7days)",
+            "windows.max_payment = 60d => windows.max_payment: is out of range",
+            // A mapping key while the service owns the orders would be ignored.
+            "mapping.table = oms_order => mapping.table: `orders.source` is owned",
+        ],
+    );
+    refuses(
+        &[("http.admin_tokens", TOKEN_A)],
+        &[
+            "http.checkout_tokens = hunter2-token-bbbbbbbb,hunter2-token-aaaaaaaa => http.checkout_tokens: a token is also in `http.admin_tokens`",
+        ],
+    );
+    // What is right around them passes.
+    for env in [
+        &[("database.url", "postgres://u:p%23w@h/db")][..],
+        &[("database.url", "mysql://root@127.0.0.1:3306/x")],
+        &[("database.url", "sqlite::memory:")],
+        &[("windows.payment", "8d"), ("windows.max_payment", "10d")],
+        &[("http.admin_tokens", &format!(" {TOKEN_A} , {TOKEN_B}"))],
+        &[
+            ("http.bind", "0.0.0.0:8080"),
+            ("http.allow_anonymous", "true"),
+        ],
+        &[
+            ("http.bind", "[::]:8080"),
+            ("http.checkout_tokens", TOKEN_A),
+        ],
+        &[("http.bind", "127.8.9.10:80")],
+        &[("http.bind", "[::1]:8080")],
+        &[("http.bind", "[::ffff:127.0.0.1]:80")],
     ] {
-        let err = load(&[(var, value)]).unwrap_err().to_string();
-        assert!(err.contains(&format!("`{key}`")), "{err}");
+        load(env).unwrap_or_else(|e| panic!("{env:?}: {e}"));
     }
 }
 
 #[test]
-fn management_api_defaults_to_the_brokers_host_and_credentials() {
-    let api = |env: &[(&str, &str)]| load(env).unwrap().amqp.management;
-    let default = api(&[]).unwrap();
-    assert_eq!(default.base, "http://127.0.0.1:15672");
-    assert_eq!(
-        (default.username.as_str(), default.password.expose()),
-        ("guest", "guest")
-    );
-    assert_eq!(default.vhost, "/");
-    let shop = api(&[(
-        "ORDER_TIMEOUT__AMQP__URL",
-        "amqp://shop:pw@mq.internal:5672/shop%2Fa",
-    )])
-    .unwrap();
-    assert_eq!(shop.base, "http://mq.internal:15672");
-    assert_eq!(
-        (shop.username.as_str(), shop.vhost.as_str()),
-        ("shop", "shop/a")
-    );
-    let given = api(&[
-        ("ORDER_TIMEOUT__AMQP__URL", "amqp://shop:pw@mq:5672/shop"),
-        (
-            "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
-            "http://ops:s%40id@mq-admin:8080/rabbit/api/",
-        ),
+fn tokens_are_a_comma_separated_list_shown_only_counted() {
+    let tokens = |v: &str| {
+        let parsed = parse_tokens("http.admin_tokens", v).unwrap();
+        parsed
+            .iter()
+            .map(|s| s.expose().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(tokens("").is_empty() && tokens("  ").is_empty());
+    // Rotation: old,new; spaces around the commas do not count.
+    assert_eq!(tokens(&format!("{TOKEN_A}, {TOKEN_B}")), [TOKEN_A, TOKEN_B]);
+    let token = Secret::opaque(TOKEN_A);
+    assert_eq!(format!("{token:?} {token}"), "Secret(***) ***");
+    let both = format!("{TOKEN_B},hunter2-token-cccccccc");
+    let s = load(&[
+        ("http.admin_tokens", TOKEN_A),
+        ("http.checkout_tokens", &both),
     ])
     .unwrap();
-    assert_eq!(given.base, "http://mq-admin:8080/rabbit");
-    assert_eq!(
-        (given.username.as_str(), given.password.expose()),
-        ("ops", "s@id")
-    );
-    assert_eq!(given.vhost, "shop");
-    assert_eq!(api(&[("ORDER_TIMEOUT__AMQP__MANAGEMENT_URL", "off")]), None);
-    // amqps://: the default would be https, which this client cannot speak.
-    assert_eq!(
-        api(&[("ORDER_TIMEOUT__AMQP__URL", "amqps://u:p@mq:5671/%2f")]),
-        None
-    );
-    for bad in ["https://mq:15671", "ftp://mq", "not a url"] {
-        let err = load(&[("ORDER_TIMEOUT__AMQP__MANAGEMENT_URL", bad)])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`amqp.management_url`"), "{bad}: {err}");
-    }
-    // Shown without the password.
-    let shown = load(&[(
-        "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
-        "http://ops:hunter2@mq:15672",
-    )])
-    .unwrap()
-    .describe();
-    assert!(!format!("{shown:?}").contains("hunter2"));
+    let described = format!("{:?} {s:?}", s.describe());
+    assert!(!described.contains("hunter2"), "{described}");
+    assert!(described.contains("2 tokens (redacted)"), "{described}");
 }
 
 #[test]
-fn urls_that_libraries_would_quote_whole_stop_here_redacted() {
-    for (var, value) in [
-        ("ORDER_TIMEOUT__DATABASE__URL", "mariadb://u:hunter2pw@h/db"),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://u:hunter2#pw@h/db",
-        ),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://u:hunter2?pw@h/db",
-        ),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://u:hunter2/pw@h/db",
-        ),
-        ("ORDER_TIMEOUT__DATABASE__URL", "oracle://u:hunter2pw@h/db"),
-        ("ORDER_TIMEOUT__AMQP__URL", "amqp:u:hunter2pw@h"),
-        ("ORDER_TIMEOUT__AMQP__URL", "amqp://u:hunter2#pw@h:5672/%2f"),
-    ] {
-        let err = load(&[(var, value)]).unwrap_err().to_string();
-        assert!(!err.contains("hunter2"), "{value}: {err}");
-        let key = if var.contains("DATABASE") {
-            "database.url"
-        } else {
-            "amqp.url"
-        };
-        assert!(err.contains(&format!("`{key}`")), "{value}: {err}");
-    }
-    // Well-formed URLs pass, percent-encoded passwords included.
+fn urls_are_shown_and_scrubbed_without_their_passwords() {
+    let s = Secret::new("amqp://shop:hunter2@rabbit:5672/%2f");
+    assert!(!format!("{s:?} {s}").contains("hunter2"));
     for url in [
-        "postgres://u:p%23w@h/db",
-        "mysql://root@127.0.0.1:3306/x",
-        "sqlite::memory:",
+        "postgres://u:hunter2@db/x?password=hunter2",
+        "u:hunter2@db",
+        // A comma inside one URL (a query, a password) is no list: redacted whole.
+        "postgres://u:hunter2@db/x?options=a,b",
+        "amqp://u:hun,hunter2@mq/x",
     ] {
-        load(&[("ORDER_TIMEOUT__DATABASE__URL", url)]).unwrap();
+        assert!(!redact_url(url).contains("hunter2"), "{url}");
     }
     let scrubbed = scrub_url(
         "error with 'postgres://u:p%23w@h/db' and p#w",
         "postgres://u:p%23w@h/db",
     );
     assert_eq!(scrubbed, "error with 'postgres://u:***@h/db' and ***");
-}
 
-#[test]
-fn a_cluster_is_several_addresses_of_one_vhost_each_redacted() {
     let list = "amqp://svc:hunter2@mq-1:5672/shop, amqp://svc:hunter3@mq-2:5673/shop,amqp://svc:hunter%2C4@mq-3/shop";
-    let s = load(&[("ORDER_TIMEOUT__AMQP__URL", list)]).unwrap();
-    assert_eq!(
-        s.amqp.addresses(),
-        [
-            "amqp://svc:hunter2@mq-1:5672/shop",
-            "amqp://svc:hunter3@mq-2:5673/shop",
-            "amqp://svc:hunter%2C4@mq-3/shop"
-        ]
-    );
+    let s = load(&[("amqp.url", list)]).unwrap();
+    let addresses = [
+        "amqp://svc:hunter2@mq-1:5672/shop",
+        "amqp://svc:hunter3@mq-2:5673/shop",
+    ];
+    assert_eq!(s.amqp.addresses()[..2], addresses);
+    assert_eq!(s.amqp.addresses()[2], "amqp://svc:hunter%2C4@mq-3/shop");
     // Every password hidden, every node shown; management on the first node.
     let shown = format!("{:?} {}", s.describe(), s.amqp.url);
     for secret in ["hunter2", "hunter3", "hunter%2C4", "hunter,4"] {
@@ -210,243 +253,51 @@ fn a_cluster_is_several_addresses_of_one_vhost_each_redacted() {
     for node in ["mq-1:5672", "mq-2:5673", "mq-3"] {
         assert!(shown.contains(node), "{shown}");
     }
+    let scrubbed = scrub_url("refused amqp://svc:hunter3@mq-2:5673/shop (hunter3)", list);
+    assert!(!scrubbed.contains("hunter3"), "{scrubbed}");
     let api = s.amqp.management.unwrap();
     assert_eq!(
         (api.base.as_str(), api.vhost.as_str()),
         ("http://mq-1:15672", "shop")
     );
-    let scrubbed = scrub_url("refused amqp://svc:hunter3@mq-2:5673/shop (hunter3)", list);
-    assert!(!scrubbed.contains("hunter3"), "{scrubbed}");
-
-    // One broker: one vhost; no empty address; each address checked alone.
-    for (bad, says) in [
-        ("amqp://u:p@a/shop,amqp://u:p@b/other", "vhost 'other'"),
-        (
-            "amqp://u:p@a/shop,,amqp://u:p@b/shop",
-            "address 2 of 3 is empty",
-        ),
-        ("amqp://u:p@a/shop,http://b/shop", "scheme 'http'"),
-        (
-            "amqp://u:hunter2@a/shop,amqp://u:hunter2#x@b/shop",
-            "is not",
-        ),
-    ] {
-        let err = load(&[("ORDER_TIMEOUT__AMQP__URL", bad)])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("`amqp.url`") && err.contains(says),
-            "{bad}: {err}"
-        );
-        assert!(!err.contains("hunter2"), "{err}");
-    }
-    // A comma inside one URL (a query, a password) is no list: redacted whole.
-    assert!(!redact_url("postgres://u:hunter2@db/x?options=a,b").contains("hunter2"));
-    assert!(!redact_url("amqp://u:hun,ter2@mq/x").contains("ter2"));
 }
 
 #[test]
-fn unknown_keys_are_refused() {
-    let err = load(&[("ORDER_TIMEOUT__AMQP__DELAYMODE", "ttl")])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("`amqp.delaymode`"), "{err}");
-}
-
-#[test]
-fn file_layer_sits_between_defaults_and_env() {
-    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("c.toml");
-    std::fs::write(
-        &path,
-        "[amqp]\nprefix = \"shop.t\"\nprefetch = 50\n[windows]\npayment = \"10m\"\n",
-    )
-    .unwrap();
-    let env = [(
-        "ORDER_TIMEOUT__WINDOWS__PAYMENT".to_string(),
-        "5m".to_string(),
-    )]
-    .into_iter()
-    .collect();
-    let s = Settings::load(&SettingsSource {
-        file: Some(path.clone()),
-        env: Some(env),
-    })
-    .unwrap();
-    assert_eq!(s.amqp.prefix, "shop.t");
-    assert_eq!(s.amqp.prefetch, 50);
-    assert_eq!(s.windows.payment, Duration::from_secs(300));
-    assert_eq!(s.sources["amqp.prefix"], Source::File(path));
-    std::fs::remove_dir_all(dir).unwrap();
-}
-
-const TOKEN_A: &str = "aaaaaaaa-0123456789";
-const TOKEN_B: &str = "bbbbbbbb-0123456789";
-
-#[test]
-fn tokens_parse_as_a_comma_separated_list() {
-    let tokens = |v: &str| {
-        parse_tokens("http.admin_tokens", v)
-            .map(|t| t.iter().map(|s| s.expose().to_string()).collect::<Vec<_>>())
+fn the_management_api_defaults_to_the_brokers_host_and_credentials() {
+    let api = |env: &[(&str, &str)]| {
+        load(env).unwrap().amqp.management.map(|m| {
+            let password = m.password.expose().to_string();
+            format!("{} {}:{password} {}", m.base, m.username, m.vhost)
+        })
     };
-    assert_eq!(tokens("").unwrap(), Vec::<String>::new());
-    assert_eq!(tokens("  ").unwrap(), Vec::<String>::new());
-    assert_eq!(tokens(TOKEN_A).unwrap(), [TOKEN_A]);
-    // Rotation: old,new; spaces around the commas do not count.
-    assert_eq!(
-        tokens(&format!("{TOKEN_A}, {TOKEN_B}")).unwrap(),
-        [TOKEN_A, TOKEN_B]
-    );
-    for (bad, why) in [
-        ("short-token", "11 characters; at least 16"),
+    for (env, expected) in [
+        (&[][..], Some("http://127.0.0.1:15672 guest:guest /")),
         (
-            "has a space in it-0123456789",
-            "token 1 contains whitespace",
+            &[("amqp.url", "amqp://shop:pw@mq.internal:5672/shop%2Fa")],
+            Some("http://mq.internal:15672 shop:pw shop/a"),
         ),
-        ("tab\tinside-0123456789", "token 1 contains whitespace"),
-        ("non-ascii-é-0123456789", "not printable ASCII"),
-    ] {
-        let err = tokens(bad).unwrap_err().to_string();
-        assert!(err.contains("`http.admin_tokens`"), "{err}");
-        assert!(err.contains(why), "{bad}: {err}");
-        assert!(!err.contains(bad), "a token is never shown: {err}");
-    }
-    let err = tokens(&format!("{TOKEN_A},,{TOKEN_B}"))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("token 2 is empty"), "{err}");
-    let err = tokens(&format!("{TOKEN_A},{TOKEN_A}"))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("token 2 is given twice"), "{err}");
-    assert!(!err.contains(TOKEN_A), "{err}");
-}
-
-#[test]
-fn one_token_in_both_scopes_is_refused() {
-    let err = load(&[
-        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
         (
-            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
-            &format!("{TOKEN_B},{TOKEN_A}"),
+            &[
+                ("amqp.url", "amqp://shop:pw@mq:5672/shop"),
+                (
+                    "amqp.management_url",
+                    "http://ops:s%40id@mq-admin:8080/rabbit/api/",
+                ),
+            ],
+            Some("http://mq-admin:8080/rabbit ops:s@id shop"),
         ),
-    ])
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("`http.checkout_tokens`"), "{err}");
-    assert!(err.contains("`http.admin_tokens`"), "{err}");
-    assert!(!err.contains(TOKEN_A), "{err}");
-}
-
-#[test]
-fn a_reachable_bind_needs_tokens_or_an_explicitly_open_api() {
-    for bind in [
-        "0.0.0.0:8080",
-        "10.1.2.3:8080",
-        "[::]:8080",
-        "[::ffff:10.0.0.1]:80",
+        (&[("amqp.management_url", "off")], None),
+        // amqps://: the default would be https, which this client cannot speak.
+        (&[("amqp.url", "amqps://u:p@mq:5671/%2f")], None),
     ] {
-        let err = load(&[("ORDER_TIMEOUT__HTTP__BIND", bind)])
-            .unwrap_err()
-            .to_string();
-        for key in [
-            "`http.bind`",
-            "`http.admin_tokens`",
-            "`http.checkout_tokens`",
-            "`http.allow_anonymous",
-        ] {
-            assert!(err.contains(key), "{bind}: {err}");
-        }
-        load(&[
-            ("ORDER_TIMEOUT__HTTP__BIND", bind),
-            ("ORDER_TIMEOUT__HTTP__ALLOW_ANONYMOUS", "true"),
-        ])
-        .unwrap();
-        load(&[
-            ("ORDER_TIMEOUT__HTTP__BIND", bind),
-            ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_A),
-        ])
-        .unwrap();
+        assert_eq!(api(env).as_deref(), expected, "{env:?}");
     }
-    for loopback in [
-        "127.0.0.1:0",
-        "127.8.9.10:80",
-        "[::1]:8080",
-        "[::ffff:127.0.0.1]:80",
-    ] {
-        let s = load(&[("ORDER_TIMEOUT__HTTP__BIND", loopback)]).unwrap();
-        assert!(!s.http.has_tokens());
-    }
-    let err = load(&[("ORDER_TIMEOUT__HTTP__PROTECT_OPERATIONS", "true")])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("`http.protect_operations`"), "{err}");
+    let s = load(&[("amqp.management_url", "http://ops:hunter2@mq:15672")]).unwrap();
+    assert!(!format!("{:?}", s.describe()).contains("hunter2"));
 }
 
 #[test]
-fn the_default_payment_window_stays_within_the_maximum() {
-    let s = load(&[]).unwrap();
-    assert_eq!(s.windows.max_payment, Duration::from_secs(7 * 86400));
-    let err = load(&[("ORDER_TIMEOUT__WINDOWS__PAYMENT", "8d")])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("`windows.payment`"), "{err}");
-    assert!(err.contains("`windows.max_payment` (7days)"), "{err}");
-    let s = load(&[
-        ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "8d"),
-        ("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "10d"),
-    ])
-    .unwrap();
-    assert_eq!(s.windows.payment, Duration::from_secs(8 * 86400));
-    let err = load(&[("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "60d")])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("`windows.max_payment`"), "{err}");
-}
-
-#[test]
-fn secrets_are_redacted() {
-    let s = Secret::new("amqp://shop:hunter2@rabbit:5672/%2f");
-    assert!(!format!("{s:?} {s}").contains("hunter2"));
-    assert!(!redact_url("postgres://u:hunter2@db/x?password=hunter2").contains("hunter2"));
-    assert!(!redact_url("u:hunter2@db").contains("hunter2"));
-    let token = Secret::opaque("hunter2-token-0123456789");
-    assert_eq!(format!("{token:?} {token}"), "Secret(***) ***");
-    let shown = load(&[
-        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
-        (
-            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
-            &format!("{TOKEN_B},hunter2-token-0123456789"),
-        ),
-    ])
-    .unwrap();
-    let described = format!("{:?} {shown:?}", shown.describe());
-    for token in [TOKEN_A, TOKEN_B, "hunter2"] {
-        assert!(!described.contains(token), "{described}");
-    }
-    assert!(described.contains("2 tokens (redacted)"), "{described}");
-}
-
-#[test]
-fn every_key_has_a_default_that_parses() {
-    // In table order, as `load` reads them: `amqp.management_url` reads the
-    // `amqp.url` before it.
-    let mut settings = Settings::unread(BTreeMap::new());
-    for section in SECTIONS {
-        for key in section.keys {
-            if let Err(e) = (key.read)(key.name, key.default, &mut settings) {
-                panic!("the default of `{}` does not parse: {e}", key.name);
-            }
-        }
-        if let Some(check) = section.check {
-            check(&settings).unwrap();
-        }
-    }
-}
-
-#[test]
-fn describe_lists_every_key_once_in_table_order() {
+fn the_table_lists_every_key_once_described_in_one_line() {
     let described: Vec<String> = load(&[])
         .unwrap()
         .describe()
@@ -463,195 +314,55 @@ fn describe_lists_every_key_once_in_table_order() {
     // The order doctor has always printed, then the orders and their mapping.
     assert_eq!(table.first(), Some(&"database.url"));
     assert_eq!(table.last(), Some(&"mapping.release_sql"));
-}
-
-#[test]
-fn the_keys_of_a_section_share_its_name() {
     for section in SECTIONS {
-        let name = |k: &Key| k.name.split_once('.').map(|(section, _)| section);
-        let first = name(&section.keys[0]).unwrap();
+        let first = file::section_name(section.keys[0].name);
         for key in section.keys {
-            assert_eq!(name(key), Some(first), "{}", key.name);
+            assert_eq!(file::section_name(key.name), first, "{}", key.name);
             // Only the mapping has tables within its table (`mapping.payment.from`).
             let nested = key.name[first.len() + 1..].contains('.');
             assert!(!nested || first == "mapping", "{}", key.name);
+            let doc = key.doc;
+            assert!(
+                !doc.is_empty() && !doc.contains('\n') && doc.ends_with('.'),
+                "{doc:?}"
+            );
+            // With `# ` in front, a line of the file stays within 100 characters.
+            assert!(doc.chars().count() <= 98, "{}: too long: {doc}", key.name);
         }
     }
-}
-
-/// A valid value other than the default for every key (the test below fails
-/// on a key missing here, so a new key must add one).
-fn another_value(key: &str, ca_file: &str) -> String {
-    let value = match key {
-        "database.url" => "postgres://u:p@db.internal/shop",
-        "database.max_connections" => "11",
-        "database.background_connections" => "6",
-        "database.migrate_on_start" => "false",
-        "amqp.url" => "amqp://shop:pw@mq.internal:5672/shop",
-        "amqp.connect_timeout" => "3s",
-        "amqp.prefix" => "shop.timeouts",
-        "amqp.delay_mode" => "ttl",
-        "amqp.prefetch" => "9",
-        "amqp.router_prefetch" => "8",
-        "amqp.queue_type" => "quorum",
-        "amqp.instance" => "instance-a",
-        "amqp.tls_ca_file" => ca_file,
-        "amqp.management_url" => "off",
-        "http.bind" => "127.0.0.1:9090",
-        "http.checkout_tokens" => "cccccccc-0123456789,dddddddd-0123456789",
-        "http.admin_tokens" => "eeeeeeee-0123456789,ffffffff-0123456789",
-        "http.allow_anonymous" => "true",
-        "http.protect_operations" => "true",
-        "http.header_read_timeout" => "10s",
-        "http.request_timeout" => "10s",
-        "http.idempotency_retention" => "2h",
-        "http.max_connections" => "7",
-        "http.max_in_flight" => "7",
-        "windows.payment" => "15m",
-        "windows.fulfillment" => "8d",
-        "windows.receipt" => "15d",
-        "windows.max_payment" => "10d",
-        "consumer.batch_size" => "7",
-        "consumer.batch_wait" => "6ms",
-        "consumer.hold_max" => "2s",
-        "consumer.catch_up" => "false",
-        "relay.enabled" => "false",
-        "relay.batch_size" => "7",
-        "relay.interval" => "1s",
-        "relay.max_attempts" => "3",
-        "sweeper.enabled" => "false",
-        "sweeper.interval" => "1m",
-        "sweeper.grace" => "2m",
-        "sweeper.batch_size" => "7",
-        "metrics.gauge_interval" => "1m",
-        "metrics.overdue_after" => "5m",
-        "log.format" => "json",
-        "log.level" => "debug",
-        other => panic!("no other value for `{other}`: add one to this test"),
-    };
-    value.to_string()
-}
-
-#[test]
-fn every_key_reaches_its_own_field() {
-    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca_file = dir.join("ca.pem");
-    std::fs::write(
-        &ca_file,
-        "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
-    )
-    .unwrap();
-    let ca_file = ca_file.display().to_string();
-    // A token in the admin scope, so that `http.protect_operations = true`
-    // passes the cross-key checks.
-    let admin = ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A);
-    let base = load(&[admin]).unwrap().describe();
-    // The orders and their mapping only mean something together: see
-    // `every_mapping_key_reaches_its_own_field`.
-    let alone = |k: &&Key| !k.name.starts_with("mapping.") && k.name != "orders.source";
-    for (i, key) in keys().enumerate().filter(|(_, k)| alone(k)) {
-        let var = format!(
-            "{ENV_PREFIX}__{}",
-            key.name.replace('.', "__").to_uppercase()
-        );
-        let value = another_value(key.name, &ca_file);
-        // A later variable wins over an earlier one of the same name.
-        let described = load(&[admin, (&var, &value)])
-            .unwrap_or_else(|e| panic!("`{}` = '{value}': {e}", key.name))
-            .describe();
-        let (name, shown, source) = &described[i];
-        assert_eq!(name, key.name);
-        assert_ne!(shown, &base[i].1, "`{}` did not change its field", key.name);
-        assert_eq!(source, &Source::Env(var.clone()));
-    }
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Two complete mappings between them set every `mapping.*` key to a value
 /// of its own; each shows up in its own key.
 #[test]
 fn every_mapping_key_reaches_its_own_field() {
-    let common = [
-        ("ORDER_TIMEOUT__DATABASE__URL", "postgres://u@db/shop"),
-        ("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped"),
-        ("ORDER_TIMEOUT__MAPPING__TABLE", "shop.orders_t"),
-        ("ORDER_TIMEOUT__MAPPING__ID_COLUMN", "id_c"),
-        ("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "status_c"),
-        ("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "stamp_c"),
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "p_from"),
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "p_to"),
-        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__FROM", "f_from"),
-        ("ORDER_TIMEOUT__MAPPING__RECEIPT__FROM", "r_from"),
-        ("ORDER_TIMEOUT__MAPPING__RECEIPT__TO", "r_to"),
-    ];
-    let a = [
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN", "p_since"),
-        ("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "America/Bogota"),
-        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__TO", "f_to"),
-        (
-            "ORDER_TIMEOUT__MAPPING__FULFILLMENT__DEADLINE_COLUMN",
-            "f_deadline",
-        ),
-        ("ORDER_TIMEOUT__MAPPING__RECEIPT__SINCE_COLUMN", "r_since"),
-        ("ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_TABLE", "items_t"),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_ORDER_COLUMN",
-            "items_order",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_SKU_COLUMN",
-            "items_sku",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_QUANTITY_COLUMN",
-            "items_qty",
-        ),
-        ("ORDER_TIMEOUT__MAPPING__STOCK__TABLE", "stock_t"),
-        ("ORDER_TIMEOUT__MAPPING__STOCK__ID_COLUMN", "stock_id"),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__RESERVED_COLUMN",
-            "stock_reserved",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__STOCK__AVAILABLE_COLUMN",
-            "stock_available",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__RELEASE_SQL",
-            "DELETE FROM holds WHERE o = $1",
-        ),
-    ];
-    let b = [
-        (
-            "ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN",
-            "p_deadline",
-        ),
-        ("ORDER_TIMEOUT__MAPPING__FULFILLMENT__FLAG_COLUMN", "f_flag"),
-        (
-            "ORDER_TIMEOUT__MAPPING__FULFILLMENT__SINCE_COLUMN",
-            "f_since",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__RECEIPT__DEADLINE_COLUMN",
-            "r_deadline",
-        ),
-    ];
+    let common = "database.url = postgres://u@db/shop | orders.source = mapped \
+        | mapping.table = shop.orders_t | mapping.id_column = id_c | mapping.status_column = status_c \
+        | mapping.stamp_column = stamp_c | mapping.payment.from = p_from | mapping.payment.to = p_to \
+        | mapping.fulfillment.from = f_from | mapping.receipt.from = r_from | mapping.receipt.to = r_to";
+    let a = "mapping.payment.since_column = p_since | mapping.time_zone = America/Bogota \
+        | mapping.fulfillment.to = f_to | mapping.fulfillment.deadline_column = f_deadline \
+        | mapping.receipt.since_column = r_since | mapping.stock.items_table = items_t \
+        | mapping.stock.items_order_column = items_order | mapping.stock.items_sku_column = items_sku \
+        | mapping.stock.items_quantity_column = items_qty | mapping.stock.table = stock_t \
+        | mapping.stock.id_column = stock_id | mapping.stock.reserved_column = stock_reserved \
+        | mapping.stock.available_column = stock_available \
+        | mapping.release_sql = DELETE FROM holds WHERE o = $1";
+    let b = "mapping.payment.deadline_column = p_deadline | mapping.fulfillment.flag_column = f_flag \
+        | mapping.fulfillment.since_column = f_since | mapping.receipt.deadline_column = r_deadline";
     let mut seen = std::collections::BTreeSet::new();
-    for variant in [&a[..], &b[..]] {
-        let env: Vec<(&str, &str)> = common.iter().chain(variant).copied().collect();
+    for variant in [a, b] {
+        let text = format!("{common} | {variant}");
+        let env = pairs(&text);
         let described = load(&env).unwrap_or_else(|e| panic!("{e}")).describe();
-        for (var, value) in &env[1..] {
-            let key = var["ORDER_TIMEOUT__".len()..]
-                .replace("__", ".")
-                .to_lowercase();
+        for (key, value) in &env[1..] {
             let (_, shown, source) = described
                 .iter()
-                .find(|(k, _, _)| *k == key)
+                .find(|(k, _, _)| *k == *key)
                 .unwrap_or_else(|| panic!("{key} not described"));
             assert_eq!(shown, value, "`{key}`");
-            assert_eq!(source, &Source::Env(var.to_string()));
-            seen.insert(key);
+            assert_eq!(source, &Source::Env(env_var(key)));
+            seen.insert(key.to_string());
         }
     }
     let all: std::collections::BTreeSet<String> = keys()
@@ -664,194 +375,63 @@ fn every_mapping_key_reaches_its_own_field() {
 /// What the mapping must say, across keys, is refused naming the key.
 #[test]
 fn a_mapping_that_cannot_work_names_its_key() {
-    let mapped = [
-        ("ORDER_TIMEOUT__DATABASE__URL", "postgres://u@db/shop"),
-        ("ORDER_TIMEOUT__ORDERS__SOURCE", "mapped"),
-        ("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order"),
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__FROM", "0"),
-        ("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "4"),
-        (
-            "ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN",
-            "create_time",
-        ),
-    ];
+    let mapped = pairs(
+        "database.url = postgres://u@db/shop | orders.source = mapped | mapping.table = oms_order \
+         | mapping.payment.from = 0 | mapping.payment.to = 4 \
+         | mapping.payment.since_column = create_time",
+    );
     load(&mapped).expect("a minimal mapping");
-    // (changes to the minimal mapping, the key named, what the reason says)
-    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
-    let cases: &[Case] = &[
-        // A mapping key while the service owns the orders would be ignored.
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order")],
-            "mapping.table",
-            "`orders.source` is owned",
-        ),
-        (
-            &[("ORDER_TIMEOUT__DATABASE__URL", "sqlite::memory:")],
-            "orders.source",
-            "PostgreSQL or MySQL",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TABLE", "")],
-            "mapping.table",
-            "must name",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TABLE", "oms_order; DROP TABLE x")],
-            "mapping.table",
-            "not a table name",
-        ),
-        // Spliced into statements as a quoted literal: nothing that could end it.
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "UTC' OR '1'='1")],
-            "mapping.time_zone",
-            "not a time zone",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "+15:00")],
-            "mapping.time_zone",
-            "between -14:00 and +14:00",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__STATUS_COLUMN", "a.b")],
-            "mapping.status_column",
-            "not a column name",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "")],
-            "mapping.payment.to",
-            "must be set",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__TO", "0")],
-            "mapping.payment.to",
-            "same status",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__SINCE_COLUMN", "")],
-            "mapping.payment.deadline_column",
-            "set this",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__PAYMENT__DEADLINE_COLUMN", "d")],
-            "mapping.payment.since_column",
-            "not both",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__STAMP_COLUMN", "create_time")],
-            "mapping.stamp_column",
-            "would move the deadline",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__RECEIPT__TO", "3")],
-            "mapping.receipt.to",
-            "needs `mapping.receipt.from`",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__STOCK__ITEMS_TABLE", "items")],
-            "mapping.stock.items_order_column",
-            "must be set",
-        ),
-        (
-            &[("ORDER_TIMEOUT__MAPPING__RELEASE_SQL", "UPDATE s SET r = 0")],
-            "mapping.release_sql",
-            "does not bind the order id",
-        ),
-    ];
-    for (changes, key, said) in cases {
-        let env: Vec<(&str, &str)> = if changes[0].0 == "ORDER_TIMEOUT__MAPPING__TABLE"
-            && *key == "mapping.table"
-            && said.contains("owned")
-        {
-            changes.to_vec()
-        } else {
-            mapped.iter().chain(changes.iter()).copied().collect()
-        };
-        match load(&env) {
-            Err(SettingsError::Invalid { key: k, reason }) => {
-                assert_eq!(&k, key, "{reason}");
-                assert!(reason.contains(said), "{key}: {reason}");
-            }
-            other => panic!("{key}: expected a refusal, got {other:?}"),
-        }
-    }
+    // Each: a change to the minimal mapping => the key named: what the reason says.
+    refuses(
+        &mapped,
+        &[
+            "database.url = sqlite::memory: => orders.source: PostgreSQL or MySQL",
+            "mapping.table =  => mapping.table: must name",
+            "mapping.table = oms_order; DROP TABLE x => mapping.table: not a table name",
+            // Spliced into statements as a quoted literal: nothing that could end it.
+            "mapping.time_zone = UTC' OR '1'='1 => mapping.time_zone: not a time zone",
+            "mapping.time_zone = +15:00 => mapping.time_zone: between -14:00 and +14:00",
+            "mapping.status_column = a.b => mapping.status_column: not a column name",
+            "mapping.payment.to =  => mapping.payment.to: must be set",
+            "mapping.payment.to = 0 => mapping.payment.to: same status",
+            "mapping.payment.since_column =  => mapping.payment.deadline_column: set this",
+            "mapping.payment.deadline_column = d => mapping.payment.since_column: not both",
+            "mapping.stamp_column = create_time => mapping.stamp_column: would move the deadline",
+            "mapping.receipt.to = 3 => mapping.receipt.to: needs `mapping.receipt.from`",
+            "mapping.stock.items_table = items => mapping.stock.items_order_column: must be set",
+            "mapping.release_sql = UPDATE s SET r = 0 => mapping.release_sql: does not bind the order id",
+        ],
+    );
 }
 
 /// `config/order-timeout.toml`, as shipped.
 const SHIPPED: &str = include_str!("../../config/order-timeout.toml");
 
-fn load_file(path: &Path, env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
-    let env = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Settings::load(&SettingsSource {
-        file: Some(path.to_path_buf()),
-        env: Some(env),
-    })
-}
-
-/// Every key's value as `doctor` shows it, without where it came from.
-fn values(settings: &Settings) -> Vec<(String, String)> {
-    let described = settings.describe().into_iter();
-    described.map(|(key, shown, _)| (key, shown)).collect()
-}
-
-/// The dotted keys a settings file mentions, set or commented out, in order.
-fn keys_in(file: &str) -> Vec<String> {
-    let mut section = "";
-    let mut found = Vec::new();
-    for line in file.lines() {
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = name;
-        } else if let Some((field, _)) = line.trim_start_matches("# ").split_once(" = ")
-            && !field.contains(' ')
-            && !section.is_empty()
-        {
-            found.push(format!("{section}.{field}"));
-        }
-    }
-    found
-}
-
-#[test]
-fn every_key_is_in_the_shipped_file() {
-    let found = keys_in(SHIPPED);
-    for key in keys() {
-        assert!(
-            found.iter().any(|k| k == key.name),
-            "`{}` is missing from config/order-timeout.toml; regenerate it: {REGENERATE}",
-            key.name
-        );
-    }
-    let table: Vec<&str> = keys().map(|k| k.name).collect();
-    assert_eq!(
-        found, table,
-        "regenerate config/order-timeout.toml: {REGENERATE}"
-    );
+/// A settings file below its header.
+fn body(file: &str) -> &str {
+    &file[file.find("\n[").unwrap_or(0)..]
 }
 
 #[test]
 fn the_shipped_file_is_the_table_written_out() {
     let written = defaults_file();
-    if written != SHIPPED {
-        let differs = written
-            .lines()
-            .zip(SHIPPED.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or(written.lines().count().min(SHIPPED.lines().count()));
-        panic!(
-            "config/order-timeout.toml is not the settings table written out \
-             (line {} differs: the table writes {:?}); regenerate it: {REGENERATE}",
-            differs + 1,
-            written.lines().nth(differs).unwrap_or("(end of file)"),
+    for (n, (ours, shipped)) in written.lines().zip(SHIPPED.lines()).enumerate() {
+        let line = n + 1;
+        assert_eq!(
+            ours, shipped,
+            "config/order-timeout.toml line {line}: {REGENERATE}"
         );
     }
+    assert_eq!(
+        written, SHIPPED,
+        "regenerate config/order-timeout.toml: {REGENERATE}"
+    );
 }
 
 #[test]
 fn the_shipped_file_changes_nothing() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/order-timeout.toml");
-    let shipped = load_file(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let shipped = load_from(Some(&path), &[]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(values(&shipped), values(&load(&[]).unwrap()));
     // It really was read: every key it sets came from it.
     assert_eq!(shipped.sources["amqp.prefix"], Source::File(path));
@@ -861,30 +441,13 @@ fn the_shipped_file_changes_nothing() {
     assert_eq!(shipped.sources["http.admin_tokens"], Source::Default);
 }
 
-#[test]
-fn every_key_is_described_in_one_line() {
-    for key in keys() {
-        let doc = key.doc;
-        assert!(
-            !doc.is_empty() && !doc.contains('\n') && doc.ends_with('.'),
-            "{}: {doc:?}",
-            key.name
-        );
-        // With `# ` in front, a line of the file stays within 100 characters.
-        assert!(doc.chars().count() <= 98, "{}: too long: {doc}", key.name);
-    }
-}
-
 /// `order-timeout config`: what the file and the environment gave, each
 /// saying where from, secrets redacted; read back (the real tokens given again
 /// in the environment), the same settings.
 #[test]
 fn the_settings_in_effect_read_back_as_themselves() {
-    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("c.toml");
-    std::fs::write(
-        &path,
+    let (dir, path) = temp_file(
+        "c.toml",
         r#"
 [database]
 url = "postgres://shop:hunter2-db@db.internal/shop"
@@ -908,24 +471,17 @@ from = 'shipped "by post"'
 to = "done\\now"
 deadline_column = "receive_by"
 "#,
-    )
-    .unwrap();
-    let token = (
-        "ORDER_TIMEOUT__HTTP__ADMIN_TOKENS",
-        "hunter2-admin-0123456789",
     );
+    let token = ("http.admin_tokens", "hunter2-admin-0123456789");
     let env = [
-        ("ORDER_TIMEOUT__AMQP__PREFIX", "shop.timeouts"),
+        ("amqp.prefix", "shop.timeouts"),
+        ("http.checkout_tokens", "hunter2-check-0123456789"),
         (
-            "ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS",
-            "hunter2-check-0123456789",
-        ),
-        (
-            "ORDER_TIMEOUT__MAPPING__RELEASE_SQL",
+            "mapping.release_sql",
             "UPDATE holds SET note = 'it''s \"late\"' WHERE o = ?; DELETE FROM h WHERE o = ?",
         ),
     ];
-    let settings = load_file(&path, &env).unwrap_or_else(|e| panic!("{e}"));
+    let settings = load_from(Some(&path), &env).unwrap_or_else(|e| panic!("{e}"));
     let printed = settings.to_toml();
     assert!(!printed.contains("hunter2"), "{printed}");
     let file = format!("# from file {}", path.display());
@@ -945,21 +501,25 @@ deadline_column = "receive_by"
     ] {
         assert!(printed.lines().any(|l| l == line), "{line}\n{printed}");
     }
-    assert_eq!(keys_in(&printed), keys_in(SHIPPED));
+    // Every key where the shipped file has it, set or commented out.
+    let shape = |file: &str| -> Vec<String> {
+        let lines = body(file).lines().map(|l| l.trim_start_matches("# "));
+        lines
+            .map(|l| l.split_once(" = ").map_or(l, |(k, _)| k).into())
+            .collect()
+    };
+    assert_eq!(shape(&printed), shape(SHIPPED));
 
     let again = dir.join("printed.toml");
     std::fs::write(&again, &printed).unwrap();
     // A redacted token is refused, naming its key: never taken for a token.
-    let err = load_file(&again, &[]).unwrap_err().to_string();
+    let err = load_from(Some(&again), &[]).unwrap_err().to_string();
     assert!(
         err.contains("`http.checkout_tokens`") && err.contains("redacted"),
         "{err}"
     );
-    let read_back = load_file(
-        &again,
-        &[token, ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", env[1].1)],
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let read_back = load_from(Some(&again), &[token, ("http.checkout_tokens", env[1].1)])
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(values(&read_back), values(&settings));
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -969,70 +529,52 @@ deadline_column = "receive_by"
 #[test]
 fn with_nothing_given_the_settings_in_effect_are_the_defaults() {
     let printed = load(&[]).unwrap().to_toml();
-    let body = |file: &str| file[file.find("\n[").unwrap_or(0)..].to_string();
     assert_eq!(body(&printed), body(SHIPPED));
 }
 
+/// The keys whose values differ from `a` to `b`.
+fn changed(a: &Settings, b: &Settings) -> Vec<&'static str> {
+    changes(a, b).iter().map(|c| c.key).collect()
+}
+
 /// Every live key and a few restart-only ones, each given a value other than its default.
-const RELOADED: &[(&str, &str)] = &[
-    ("ORDER_TIMEOUT__WINDOWS__PAYMENT", "15m"),
-    ("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "3d"),
-    ("ORDER_TIMEOUT__WINDOWS__RECEIPT", "10d"),
-    ("ORDER_TIMEOUT__WINDOWS__MAX_PAYMENT", "2d"),
-    ("ORDER_TIMEOUT__CONSUMER__BATCH_SIZE", "17"),
-    ("ORDER_TIMEOUT__CONSUMER__BATCH_WAIT", "7ms"),
-    ("ORDER_TIMEOUT__CONSUMER__HOLD_MAX", "3s"),
-    ("ORDER_TIMEOUT__RELAY__BATCH_SIZE", "33"),
-    ("ORDER_TIMEOUT__RELAY__INTERVAL", "2s"),
-    ("ORDER_TIMEOUT__SWEEPER__INTERVAL", "9s"),
-    ("ORDER_TIMEOUT__SWEEPER__GRACE", "11s"),
-    ("ORDER_TIMEOUT__SWEEPER__BATCH_SIZE", "44"),
-    ("ORDER_TIMEOUT__METRICS__GAUGE_INTERVAL", "5s"),
-    ("ORDER_TIMEOUT__METRICS__OVERDUE_AFTER", "90s"),
-    ("ORDER_TIMEOUT__LOG__LEVEL", "debug"),
-    ("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_A),
-    ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_B),
-    ("ORDER_TIMEOUT__AMQP__PREFIX", "elsewhere"),
-    ("ORDER_TIMEOUT__AMQP__DELAY_MODE", "ttl"),
-    ("ORDER_TIMEOUT__AMQP__QUEUE_TYPE", "quorum"),
-    ("ORDER_TIMEOUT__HTTP__BIND", "127.0.0.1:9999"),
-    ("ORDER_TIMEOUT__SWEEPER__ENABLED", "false"),
-    ("ORDER_TIMEOUT__CONSUMER__CATCH_UP", "false"),
-];
+const RELOADED: &str = "windows.payment = 15m | windows.fulfillment = 3d | windows.receipt = 10d \
+    | windows.max_payment = 2d | consumer.batch_size = 17 | consumer.batch_wait = 7ms \
+    | consumer.hold_max = 3s | relay.batch_size = 33 | relay.interval = 2s | sweeper.interval = 9s \
+    | sweeper.grace = 11s | sweeper.batch_size = 44 | metrics.gauge_interval = 5s \
+    | metrics.overdue_after = 90s | log.level = debug \
+    | http.checkout_tokens = hunter2-token-aaaaaaaa | http.admin_tokens = hunter2-token-bbbbbbbb \
+    | amqp.prefix = elsewhere | amqp.delay_mode = ttl | amqp.queue_type = quorum \
+    | http.bind = 127.0.0.1:9999 | sweeper.enabled = false | consumer.catch_up = false";
 
 #[test]
 fn a_reload_takes_the_live_keys_and_nothing_else() {
     let running = load(&[]).unwrap();
-    let new = load(RELOADED).unwrap();
-    let all: Vec<&str> = changes(&running, &new).iter().map(|c| c.key).collect();
-    assert_eq!(all.len(), RELOADED.len(), "each given key differs: {all:?}");
-    for key in LIVE_KEYS {
-        assert!(all.contains(key), "the test changes every live key: {key}");
+    let new = load(&pairs(RELOADED)).unwrap();
+    let all = changed(&running, &new);
+    assert_eq!(all.len(), pairs(RELOADED).len(), "each given key differs");
+    for key in live_keys() {
+        assert!(all.contains(&key), "the test changes every live key: {key}");
     }
     let applied = running.with_live(&new);
-    let taken: Vec<&str> = changes(&running, &applied).iter().map(|c| c.key).collect();
-    let left: Vec<&str> = changes(&applied, &new).iter().map(|c| c.key).collect();
-    assert_eq!(
-        taken,
-        all.iter()
-            .copied()
-            .filter(|k| is_live(k, &running))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(
-        left,
-        all.iter()
-            .copied()
-            .filter(|k| !is_live(k, &running))
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(taken.len(), LIVE_KEYS.len());
+    let (live, restart): (Vec<&str>, Vec<&str>) = all.iter().partition(|k| is_live(k, &running));
+    assert_eq!(changed(&running, &applied), live);
+    assert_eq!(changed(&applied, &new), restart);
+    assert_eq!(live.len(), live_keys().count());
     // Where an applied value came from follows it.
     assert_eq!(
         applied.sources["windows.payment"],
-        Source::Env("ORDER_TIMEOUT__WINDOWS__PAYMENT".into())
+        Source::Env(env_var("windows.payment"))
     );
     assert_eq!(applied.sources["amqp.prefix"], Source::Default);
+    // A mapped table keeps its windows until a restart.
+    let mut running = running;
+    running.mapping.source = OrdersSource::Mapped;
+    assert!(!is_live("windows.payment", &running));
+    assert!(is_live("sweeper.interval", &running));
+    let applied = running.with_live(&new);
+    assert_eq!(applied.windows.payment, running.windows.payment);
+    assert_eq!(applied.sweeper.interval, new.sweeper.interval);
 }
 
 /// A token swapped for another, or a URL whose password alone changed, shows
@@ -1040,42 +582,21 @@ fn a_reload_takes_the_live_keys_and_nothing_else() {
 #[test]
 fn a_rotated_token_or_a_new_password_is_a_change() {
     let running = load(&[
-        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://shop:hunter2-old@127.0.0.1/shop",
-        ),
-        (
-            "ORDER_TIMEOUT__AMQP__URL",
-            "amqp://shop:hunter2-old@127.0.0.1/%2f",
-        ),
+        ("http.admin_tokens", TOKEN_A),
+        ("database.url", "postgres://shop:hunter2-old@127.0.0.1/shop"),
+        ("amqp.url", "amqp://shop:hunter2-old@127.0.0.1/%2f"),
     ])
     .unwrap();
     let new = load(&[
-        ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_B),
-        (
-            "ORDER_TIMEOUT__DATABASE__URL",
-            "postgres://shop:hunter2-new@127.0.0.1/shop",
-        ),
-        (
-            "ORDER_TIMEOUT__AMQP__URL",
-            "amqp://shop:hunter2-new@127.0.0.1/%2f",
-        ),
+        ("http.admin_tokens", TOKEN_B),
+        ("database.url", "postgres://shop:hunter2-new@127.0.0.1/shop"),
+        ("amqp.url", "amqp://shop:hunter2-new@127.0.0.1/%2f"),
     ])
     .unwrap();
-    let found = changes(&running, &new);
-    let keys: Vec<&str> = found.iter().map(|c| c.key).collect();
     // The management API takes its password from `amqp.url`.
-    assert_eq!(
-        keys,
-        [
-            "database.url",
-            "amqp.url",
-            "amqp.management_url",
-            "http.admin_tokens"
-        ]
-    );
-    let shown = format!("{found:?}");
+    let keys = "database.url amqp.url amqp.management_url http.admin_tokens";
+    assert_eq!(changed(&running, &new).join(" "), keys);
+    let shown = format!("{:?}", changes(&running, &new));
     for secret in [TOKEN_A, TOKEN_B, "hunter2"] {
         assert!(!shown.contains(secret), "{shown}");
     }
@@ -1092,14 +613,14 @@ fn a_rotated_token_or_a_new_password_is_a_change() {
 /// pass the checks a start would.
 #[test]
 fn a_reload_never_leaves_the_api_without_its_tokens() {
-    let running = load(&[("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", TOKEN_A)]).unwrap();
+    let running = load(&[("http.admin_tokens", TOKEN_A)]).unwrap();
     let none = load(&[]).unwrap();
     let refused = check_applied(&running, &running.with_live(&none)).unwrap_err();
     assert!(
         refused.to_string().contains("http.admin_tokens"),
         "{refused}"
     );
-    let rotated = load(&[("ORDER_TIMEOUT__HTTP__CHECKOUT_TOKENS", TOKEN_B)]).unwrap();
+    let rotated = load(&[("http.checkout_tokens", TOKEN_B)]).unwrap();
     check_applied(&running, &running.with_live(&rotated)).unwrap();
     // Open on loopback at start: tokens may be added by a reload.
     check_applied(&none, &none.with_live(&running)).unwrap();
@@ -1109,9 +630,6 @@ fn a_reload_never_leaves_the_api_without_its_tokens() {
 /// says what is wrong, without the line, which may carry a secret.
 #[test]
 fn a_syntax_error_names_line_and_column_never_the_text() {
-    let dir = std::env::temp_dir().join(format!("ot-settings-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("broken.toml");
     for (text, line) in [
         (
             "[windows]\npayment = \"2s\"\n[http]\nadmin_tokens = \"hunter2-token-0123456789\n",
@@ -1122,49 +640,37 @@ fn a_syntax_error_names_line_and_column_never_the_text() {
             2,
         ),
     ] {
-        std::fs::write(&path, text).unwrap();
-        let error = load_file(&path, &[]).unwrap_err().to_string();
+        let (dir, path) = temp_file("broken.toml", text);
+        let error = load_from(Some(&path), &[]).unwrap_err().to_string();
         assert!(!error.contains("hunter2"), "{error}");
         assert!(error.contains(&path.display().to_string()), "{error}");
         assert!(error.contains(&format!("line {line}, column ")), "{error}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
-    std::fs::remove_dir_all(dir).unwrap();
-}
-
-#[test]
-fn a_mapped_table_keeps_its_windows_until_a_restart() {
-    let mut running = load(&[]).unwrap();
-    running.mapping.source = OrdersSource::Mapped;
-    let new = load(RELOADED).unwrap();
-    assert!(!is_live("windows.payment", &running));
-    assert!(is_live("sweeper.interval", &running));
-    let applied = running.with_live(&new);
-    assert_eq!(applied.windows.payment, running.windows.payment);
-    assert_eq!(applied.sweeper.interval, new.sweeper.interval);
 }
 
 /// `mapping.time_zone`: offsets east positive, as MySQL and ISO 8601 write
 /// them, shown as written; names kept as they are.
 #[test]
 fn time_zones_are_read_by_shape() {
-    assert_eq!(Zone::parse("-05:00"), Ok(Zone::Offset(-300)));
-    assert_eq!(Zone::parse("+08:00"), Ok(Zone::Offset(480)));
-    assert_eq!(
-        Zone::parse("+05:30").map(|z| z.to_string()),
-        Ok("+05:30".into())
-    );
-    assert_eq!(
-        Zone::parse("-00:30").map(|z| z.to_string()),
-        Ok("-00:30".into())
-    );
-    assert_eq!(
-        Zone::parse("America/Argentina/Buenos_Aires"),
-        Ok(Zone::Named("America/Argentina/Buenos_Aires".into()))
-    );
-    assert_eq!(Zone::parse("SYSTEM"), Ok(Zone::Named("SYSTEM".into())));
+    for (text, zone) in [
+        ("-05:00", Zone::Offset(-300)),
+        ("+08:00", Zone::Offset(480)),
+        ("+05:30", Zone::Offset(330)),
+        ("-00:30", Zone::Offset(-30)),
+        (
+            "America/Argentina/Buenos_Aires",
+            Zone::Named("America/Argentina/Buenos_Aires".into()),
+        ),
+        ("SYSTEM", Zone::Named("SYSTEM".into())),
+    ] {
+        assert_eq!(Zone::parse(text).as_ref(), Ok(&zone));
+        assert_eq!(zone.to_string(), text);
+    }
     // A server's own spelling stays text: PostgreSQL reads this one as UTC+5.
     assert_eq!(Zone::verbatim("-05:00"), Ok(Zone::Named("-05:00".into())));
     assert!(Zone::verbatim("<-03>3").is_err());
+    let long = "x".repeat(65);
     for bad in [
         "",
         "+5:00",
@@ -1172,7 +678,7 @@ fn time_zones_are_read_by_shape() {
         "Asia/Shang hai",
         "a'b",
         "-14:30",
-        "x".repeat(65).as_str(),
+        &long,
     ] {
         assert!(Zone::parse(bad).is_err(), "{bad}");
     }
