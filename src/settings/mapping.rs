@@ -109,6 +109,19 @@ pub struct MappingSettings {
     pub release_sql: Vec<String>,
 }
 
+impl super::Windows {
+    /// The window of `kind`, `windows.<kind>`: the settings hold one key
+    /// per kind, so this is where the kinds' list meets them.
+    pub fn of(&self, kind: crate::domain::TimeoutKind) -> std::time::Duration {
+        use crate::domain::TimeoutKind::*;
+        match kind {
+            Payment => self.payment,
+            Fulfillment => self.fulfillment,
+            Receipt => self.receipt,
+        }
+    }
+}
+
 impl MappingSettings {
     /// The kind's mapping.
     pub fn kind(&self, kind: crate::domain::TimeoutKind) -> &KindMapping {
@@ -322,7 +335,7 @@ pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
         ));
     }
     for kind in crate::domain::TimeoutKind::ALL {
-        check_kind(kind.as_str(), m.kind(kind), settings)?;
+        check_kind(kind, m.kind(kind), settings)?;
     }
     // Every `mapping.stock.*` key but the optional available column, in table order.
     let stock: Vec<(&str, String)> = keys()
@@ -349,7 +362,12 @@ pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
 
 /// One kind: a mapped kind has its target (status or flag column) and
 /// exactly one way to know its deadline; an unmapped one has nothing set.
-fn check_kind(kind: &str, k: &KindMapping, settings: &Settings) -> Result<(), SettingsError> {
+fn check_kind(
+    timeout: crate::domain::TimeoutKind,
+    k: &KindMapping,
+    settings: &Settings,
+) -> Result<(), SettingsError> {
+    let kind = timeout.as_str();
     let key = |field: &str| format!("mapping.{kind}.{field}");
     let stamp = &settings.mapping.stamp_column;
     if !k.is_mapped() {
@@ -387,10 +405,19 @@ fn check_kind(kind: &str, k: &KindMapping, settings: &Settings) -> Result<(), Se
         }
         _ => {}
     }
-    if !k.flag_column.is_empty() && kind != "fulfillment" {
+    if !k.flag_column.is_empty() && !timeout.edge().flag_only {
+        // The diagram says which timeouts only flag an order.
+        let flagging: Vec<&str> = crate::domain::TimeoutKind::ALL
+            .iter()
+            .filter(|t| t.edge().flag_only)
+            .map(|t| t.as_str())
+            .collect();
         return Err(invalid(
             &key("flag_column"),
-            "only the fulfillment timeout flags instead of changing the status",
+            format!(
+                "only the {} timeout flags instead of changing the status",
+                flagging.join(" and ")
+            ),
         ));
     }
     match (k.deadline_column.is_empty(), k.since_column.is_empty()) {

@@ -67,7 +67,7 @@ fn conditional_update(
     if let (Some(races), Deadline::Enforced) = (e.within, deadline) {
         update = update.filter(deadline_column(races).gt(now.0));
     }
-    let timeout = e.starts.map(|kind| (kind, now.plus(window(windows, kind))));
+    let timeout = e.starts.map(|kind| (kind, now.plus(windows.of(kind))));
     if let Some((kind, at)) = timeout {
         update = update.col_expr(deadline_column(kind), Expr::value(at.0));
     }

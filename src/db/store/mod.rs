@@ -267,17 +267,6 @@ fn deadline_of(kind: TimeoutKind, order: &orders::Model) -> Option<Millis> {
     }
 }
 
-/// The window of `kind`, `windows.<kind>`. It reads the settings' fields,
-/// one per kind: the settings own that list (a fourth kind adds its field
-/// there, and its arm here until `Windows` answers per kind itself).
-pub fn window(windows: &Windows, kind: TimeoutKind) -> Duration {
-    match kind {
-        TimeoutKind::Payment => windows.payment,
-        TimeoutKind::Fulfillment => windows.fulfillment,
-        TimeoutKind::Receipt => windows.receipt,
-    }
-}
-
 /// The conditional update of `e` at `now`, by the diagram: from its status,
 /// to its status (or, flag-only, setting its flag once), stamping its column
 /// and counting a version. The caller adds which orders, and the deadline.

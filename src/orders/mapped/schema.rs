@@ -333,7 +333,7 @@ impl Mapped {
                 findings.push(format!("{kind}: not mapped (its timeouts are parked)"));
                 continue;
             }
-            let window = crate::db::store::window(windows, kind);
+            let window = windows.of(kind);
             let (k, found) = kind_sql(dialect, &orders, kind, km, &status_ty, window)?;
             findings.push(found);
             kinds.insert(kind, k);
