@@ -10,7 +10,8 @@
 //! - [`http_client`]: a small JSON client (the broker's management API, `demo`);
 //! - [`db`]: the connection, entities, and every transaction by family ([`db::store`]);
 //! - [`orders`]: whose orders the timeouts act on: the service's own, or a shop's mapped table;
-//! - [`telemetry`]: what operators are told: every event logged and counted in one place, the metrics table, log output;
+//! - [`logs`]: log output, and its level changed while running;
+//! - [`telemetry`]: what operators are told: every event logged and counted in one place, and the metrics table;
 //! - [`control`]: which roles are paused (pause and resume while running);
 //! - [`reload`]: reading the settings again while running, and what applies;
 //! - [`backoff`]: waiting between attempts, cut short by shutdown;
@@ -39,6 +40,7 @@ pub mod domain;
 pub(crate) mod gauges;
 pub mod http;
 pub(crate) mod http_client;
+pub(crate) mod logs;
 pub(crate) mod orders;
 pub(crate) mod reload;
 pub(crate) mod server;

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use crate::domain::Millis;
+use crate::logs::{self, LevelChange};
 use crate::settings::{Change, Settings, SettingsSource, changes, check_applied, is_live};
-use crate::telemetry::{self, LevelChange};
 
 /// How a reload ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +150,7 @@ impl Reloader {
             .collect();
         let mut notes = Vec::new();
         if running.log.level != new.log.level {
-            match telemetry::set_level(&new.log.level) {
+            match logs::set_level(&new.log.level) {
                 LevelChange::Applied => {}
                 LevelChange::OverriddenByRustLog => {
                     notes.push("log.level: RUST_LOG was set at start and stays the filter".into())

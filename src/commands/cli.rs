@@ -16,7 +16,7 @@ use crate::amqp::{self, topology::Names, wire};
 use crate::app::Application;
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 use crate::settings::{OrdersSource, Settings, SettingsSource, defaults_file, parse_window};
-use crate::{db, telemetry};
+use crate::{db, logs};
 
 /// Closes e-commerce orders whose deadline passed: RabbitMQ keeps the deadlines, the database decides.
 #[derive(Debug, Parser)]
@@ -143,7 +143,7 @@ pub fn main() -> ExitCode {
         settings.log.level = "warn,lapin=off".into();
     }
     let progress_line = demo && std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
-    telemetry::init(&settings.log, progress_line);
+    logs::init(&settings.log, progress_line);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,19 +1,16 @@
 //! Telemetry: what the service tells its operators. Every thing worth knowing
 //! that happens is one function of [`Telemetry`] that logs it and counts it, so
 //! a metric and its log line cannot drift apart; `/metrics` renders the
-//! registry ([`metrics`]) in the Prometheus text format; [`logs`] sets up the
-//! log output (and changes its level on a reload).
+//! registry ([`metrics`]) in the Prometheus text format. Where the log lines
+//! go, and at what level, is [`crate::logs`]'s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 mod control;
-mod logs;
 mod metrics;
 mod timeouts;
-
-pub use logs::{LevelChange, init, set_level};
 
 use metrics::Metrics;
 
