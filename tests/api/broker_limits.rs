@@ -47,7 +47,12 @@ async fn a_silent_node_first_in_amqp_url_costs_one_connect_timeout() {
     .await;
     let took = started.elapsed();
     eprintln!("ready after {took:?} with a silent node first");
-    assert!(took < Duration::from_secs(15), "ready only after {took:?}");
+    // Without the connect timeout a role stays on the silent node for ever
+    // and the service never gets ready (spawn_app gives up at 120 s). With it,
+    // each role loses at most 2 s there; the rest is the topology's
+    // declaration, which a broker loaded by the whole suite has taken 15 s
+    // and more to answer, so the bound leaves room for that and none for a hang.
+    assert!(took < Duration::from_secs(60), "ready only after {took:?}");
     app.put_stock("A", 1).await;
     let id = app.order(&[("A", 1)], "1s").await;
     app.wait_status(&id, "cancelled", Duration::from_secs(10))
