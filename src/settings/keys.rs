@@ -476,6 +476,19 @@ pub(super) fn keys() -> impl Iterator<Item = &'static Key> {
     SECTIONS.iter().flat_map(|section| section.keys)
 }
 
+impl Windows {
+    /// The window of `kind`, `windows.<kind>`: the settings hold one key
+    /// per kind, so this is where the kinds' list meets them.
+    pub fn of(&self, kind: crate::domain::TimeoutKind) -> std::time::Duration {
+        use crate::domain::TimeoutKind::*;
+        match kind {
+            Payment => self.payment,
+            Fulfillment => self.fulfillment,
+            Receipt => self.receipt,
+        }
+    }
+}
+
 impl AmqpSettings {
     /// The broker's addresses, in the order `amqp.url` gives them (secret:
     /// for a connect call; [`redact_url`] any that is shown).

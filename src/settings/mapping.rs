@@ -109,19 +109,6 @@ pub struct MappingSettings {
     pub release_sql: Vec<String>,
 }
 
-impl super::Windows {
-    /// The window of `kind`, `windows.<kind>`: the settings hold one key
-    /// per kind, so this is where the kinds' list meets them.
-    pub fn of(&self, kind: crate::domain::TimeoutKind) -> std::time::Duration {
-        use crate::domain::TimeoutKind::*;
-        match kind {
-            Payment => self.payment,
-            Fulfillment => self.fulfillment,
-            Receipt => self.receipt,
-        }
-    }
-}
-
 impl MappingSettings {
     /// The kind's mapping.
     pub fn kind(&self, kind: crate::domain::TimeoutKind) -> &KindMapping {
