@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::management::{self, Management};
-use crate::amqp::{self, consumer, relay, router};
+use crate::amqp::{self, consumer, deferral, relay, router};
 use crate::context::{Context, Role};
 use crate::orders::Orders;
 use crate::settings::{Settings, SettingsSource};
@@ -137,6 +137,13 @@ impl Application {
             Role::Consumer,
             shutdown.clone(),
             move |conn, mode| consumer::run(c.clone(), conn, mode, s.clone()),
+        ));
+        let (c, s) = (ctx.clone(), shutdown.clone());
+        tasks.spawn(amqp::supervise(
+            ctx.clone(),
+            Role::Deferrer,
+            shutdown.clone(),
+            move |conn, mode| deferral::run(c.clone(), conn, mode, s.clone()),
         ));
         if ctx.settings.sweeper.enabled {
             tasks.spawn(sweeper::run(ctx.clone(), shutdown.clone()));

@@ -12,6 +12,9 @@ pub enum Mode {
     Plugin,
     /// Binary TTL levels.
     Ttl,
+    /// A quorum queue holding each timer until its delivery time
+    /// (RabbitMQ 4.3 and later), deferred by the service.
+    Native,
 }
 
 impl Mode {
@@ -20,6 +23,7 @@ impl Mode {
         match self {
             Self::Plugin => "plugin",
             Self::Ttl => "ttl",
+            Self::Native => "native",
         }
     }
 }
@@ -56,6 +60,12 @@ impl Names {
     /// The plugin stage: an `x-delayed-message` exchange routing by kind into `due`.
     pub fn delay(&self) -> String {
         format!("{}.delay", self.prefix)
+    }
+    /// The native stage: a fanout exchange and the quorum queue behind it, of
+    /// the same name, where each timer is held until its delivery time, then
+    /// dead-lettered into `due`.
+    pub fn wait(&self) -> String {
+        format!("{}.wait", self.prefix)
     }
     /// Where due messages go, routed by kind to the work queues.
     pub fn due(&self) -> String {

@@ -26,11 +26,14 @@ pub enum Role {
     Router,
     /// Applies due timeouts.
     Consumer,
+    /// Holds the native stage's timers in their queue until they are due
+    /// (AMQP 1.0); idle where there is no native stage.
+    Deferrer,
 }
 
 impl Role {
     /// Every role, in the order `/readyz` lists them.
-    pub const ALL: [Role; 3] = [Role::Relay, Role::Router, Role::Consumer];
+    pub const ALL: [Role; 4] = [Role::Relay, Role::Router, Role::Consumer, Role::Deferrer];
 
     /// The role's name in connection names, logs and metrics.
     pub fn as_str(self) -> &'static str {
@@ -38,6 +41,7 @@ impl Role {
             Self::Relay => "relay",
             Self::Router => "router",
             Self::Consumer => "consumer",
+            Self::Deferrer => "deferrer",
         }
     }
 }
@@ -50,9 +54,10 @@ pub struct Health {
     relay: AtomicBool,
     router: AtomicBool,
     consumer: AtomicBool,
+    deferrer: AtomicBool,
     /// Per broker role (in [`Role::ALL`]'s order), the node (`host:port` of
     /// `amqp.url`) its connection is on, while it is up.
-    nodes: Mutex<[Option<String>; 3]>,
+    nodes: Mutex<[Option<String>; 4]>,
 }
 
 impl Health {
@@ -61,6 +66,7 @@ impl Health {
             Role::Relay => &self.relay,
             Role::Router => &self.router,
             Role::Consumer => &self.consumer,
+            Role::Deferrer => &self.deferrer,
         }
     }
     /// Records a broker role's connection state.
@@ -68,7 +74,7 @@ impl Health {
         self.flag(role).store(up, Ordering::Relaxed);
     }
     /// `(role, connected)` for every broker role.
-    pub fn broker(&self) -> [(Role, bool); 3] {
+    pub fn broker(&self) -> [(Role, bool); 4] {
         Role::ALL.map(|role| (role, self.flag(role).load(Ordering::Relaxed)))
     }
     /// Records the node a broker role's connection is on (`None`: none).
@@ -79,7 +85,7 @@ impl Health {
         }
     }
     /// `(role, node)` for every broker role.
-    pub fn nodes(&self) -> [(Role, Option<String>); 3] {
+    pub fn nodes(&self) -> [(Role, Option<String>); 4] {
         let nodes = self.nodes.lock().map(|n| n.clone()).unwrap_or_default();
         std::array::from_fn(|i| (Role::ALL[i], nodes[i].clone()))
     }

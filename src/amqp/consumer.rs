@@ -37,7 +37,7 @@ use tokio_util::time::delay_queue::Key;
 
 use super::catch_up::CatchUp;
 use super::disposition::{Disposition, admit, decide};
-use super::topology::{Mode, delay_route};
+use super::topology::{Mode, delay_route, into_stage};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
 use super::{Ended, Error, channels, park_delivery, publish_confirmed};
 use crate::apply::{Decided, ISOLATED_ATTEMPTS, OnRefusal, apply};
@@ -491,7 +491,7 @@ impl KindConsumer {
             &exchange,
             &routing_key,
             &wire::encode(message),
-            properties,
+            into_stage(self.mode, properties, delay_ms),
         )
         .await
     }

@@ -8,7 +8,9 @@
 //! Used by `doctor`, and by [`monitor`], which keeps the
 //! `order_timeout_waiting_timers{stage}` gauge: the timers waiting in each
 //! delay stage that exists in the vhost (`ttl`: the level queues, `plugin`:
-//! the delayed-message exchange). Off when `amqp.management_url = off`.
+//! the delayed-message exchange, `native`: the wait queue, whose held timers
+//! the broker reports as `messages_delayed`). Off when
+//! `amqp.management_url = off`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,11 +138,15 @@ impl Management {
 
     /// Timers waiting in each delay stage of `names` that exists in the vhost.
     pub async fn stages(&self, names: &Names) -> Result<Stages, Error> {
-        let path = format!("queues/{}?columns=name,messages", segment(&self.api.vhost));
+        let path = format!(
+            "queues/{}?columns=name,messages,messages_ready,messages_unacknowledged,messages_delayed",
+            segment(&self.api.vhost)
+        );
         let queues = self.get(&path).await?.unwrap_or_default();
         Ok(Stages {
             ttl: level_messages(&queues, names),
             plugin: self.delayed(&names.delay()).await?,
+            native: held_messages(&queues, names),
         })
     }
 }
@@ -152,6 +158,22 @@ pub struct Stages {
     pub ttl: Option<u64>,
     /// Messages the plugin holds in `<prefix>.delay`.
     pub plugin: Option<u64>,
+    /// Timers in the native stage's queue `<prefix>.wait`: held until their
+    /// time (`messages_delayed`), or about to be (ready, or with the deferrer).
+    pub native: Option<u64>,
+}
+
+/// The timers of the native stage's queue in a `/api/queues/{vhost}` answer,
+/// or `None` when the vhost has no such queue. Those it has already
+/// dead-lettered and is handing to `due` are not counted: they are due.
+fn held_messages(queues: &Value, names: &Names) -> Option<u64> {
+    let wait = names.wait();
+    let queue = queues
+        .as_array()?
+        .iter()
+        .find(|q| q["name"].as_str() == Some(wait.as_str()))?;
+    let count = |field: &str| queue[field].as_u64().unwrap_or(0);
+    Some(count("messages_delayed") + count("messages_ready") + count("messages_unacknowledged"))
 }
 
 /// The sum of the level queues' messages in a `/api/queues/{vhost}` answer,
@@ -178,7 +200,9 @@ fn level_messages(queues: &Value, names: &Names) -> Option<u64> {
 pub async fn monitor(ctx: Arc<Context>, management: Management, shutdown: CancellationToken) {
     loop {
         match management.stages(&ctx.names).await {
-            Ok(stages) => ctx.telemetry.stages_read(stages.ttl, stages.plugin),
+            Ok(stages) => ctx
+                .telemetry
+                .stages_read(stages.ttl, stages.plugin, stages.native),
             Err(e) => ctx
                 .telemetry
                 .stages_unreadable(management.base(), &e.to_string()),
@@ -218,5 +242,12 @@ mod tests {
             None
         );
         assert_eq!(segment("order.timeouts.delay"), "order%2Etimeouts%2Edelay");
+        let queues = serde_json::json!([
+            {"name": "p.wait", "messages": 9, "messages_ready": 1, "messages_unacknowledged": 2, "messages_delayed": 5},
+            {"name": "p.ingest", "messages": 100},
+        ]);
+        // The one dead-lettered on its way to `due` is not waiting.
+        assert_eq!(held_messages(&queues, &names), Some(8));
+        assert_eq!(held_messages(&serde_json::json!([{"name": "p.ingest"}]), &names), None);
     }
 }

@@ -6,12 +6,14 @@
 //!   (the same topology as a definitions file);
 //! - [`wire`]: the message contract; [`publish`]: confirmed publishes and parking;
 //! - one file per actor: [`router`], [`consumer`] (with [`disposition`] and its
-//!   catch-up of orders already due), [`relay`];
+//!   catch-up of orders already due), [`relay`], and [`deferral`], the native
+//!   stage's worker (AMQP 1.0);
 //! - [`management`]: the management HTTP API, for what AMQP cannot tell.
 
 mod catch_up;
 pub(crate) mod connection;
 pub(crate) mod consumer;
+pub(crate) mod deferral;
 pub mod definitions;
 pub(crate) mod disposition;
 pub(crate) mod management;
@@ -26,7 +28,7 @@ pub mod wire;
 pub use connection::{
     Backoff, Node, channels, connect, connect_to_address, connect_to_any, connection_name, pause,
 };
-pub use mode::{choose_mode, delay_mode, resolve_mode};
+pub use mode::{Offers, choose_mode, delay_mode, probe, resolve_mode};
 pub use publish::{confirmed, park_delivery, publish_confirmed, publish_options};
 pub use supervise::{DECLARER, supervise};
 
@@ -59,6 +61,9 @@ pub enum Error {
     /// The connection's event stream ended: the connection is gone.
     #[error("the broker connection ended")]
     ConnectionEnded,
+    /// The AMQP 1.0 connection of the native stage's deferrer failed.
+    #[error("amqp 1.0: {0}")]
+    Amqp10(String),
     /// The broker cancelled our consumer (queue deleted, for example).
     #[error("the broker ended the consumer of '{0}'")]
     ConsumerEnded(String),

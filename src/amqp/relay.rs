@@ -28,7 +28,7 @@ use sea_orm::EntityTrait;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::topology::{Mode, delay_route};
+use super::topology::{Mode, delay_route, into_stage};
 use super::wire::{self, TimeoutMessage};
 use super::{Backoff, Error, confirmed as amqp_confirmed, pause, publish_options};
 use crate::context::Context;
@@ -274,7 +274,11 @@ impl Source for Timeouts {
             exchange,
             routing_key,
             body: wire::encode(&message),
-            properties: wire::properties(&message_id(row), now, delay_ms, &[]),
+            properties: into_stage(
+                self.mode,
+                wire::properties(&message_id(row), now, delay_ms, &[]),
+                delay_ms,
+            ),
         })
     }
 

@@ -23,7 +23,7 @@ use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 
 use super::disposition::admit;
-use super::topology::{Mode, delay_route};
+use super::topology::{Mode, delay_route, into_stage};
 use super::wire::{self, Park};
 use super::{Ended, Error, channels, park_delivery, publish_confirmed};
 use crate::context::Context;
@@ -174,7 +174,11 @@ async fn route_one(
                 // AMQP type it does not take as an integer, a timestamp say),
                 // persistent, and without `expiration` or `user_id`: see
                 // `wire::with_delay`.
-                wire::with_delay(&delivery.properties, route.delay_ms),
+                into_stage(
+                    mode,
+                    wire::with_delay(&delivery.properties, route.delay_ms),
+                    route.delay_ms,
+                ),
             )
             .await?;
             delivery.acker.ack(Default::default()).await?;

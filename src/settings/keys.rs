@@ -265,7 +265,7 @@ settings! {
         connect_timeout: Duration = "5s", |k, v, _| parse_duration(k, v, MS * 100, SEC * 600);
         /// Name of the entry exchange; every other exchange and queue is PREFIX.ROLE (A-Z a-z 0-9 . - _ :).
         prefix: String = "order.timeouts", |k, v, _| parse_prefix(k, v);
-        /// Where timers wait: plugin (x-delayed-message exchange), ttl (TTL queues), or auto (plugin if on).
+        /// Where timers wait: native (quorum queue, RabbitMQ 4.3+), plugin, ttl, or auto (the first offered).
         delay_mode: DelayMode = "auto", |k, v, _| parse_choice(k, v, &DelayMode::ALL, DelayMode::as_str);
         // Early messages (up to `consumer.hold_max`) are held unacked, so prefetch
         // must exceed rate × hold: 10,000 carries 10,000/s with a 1 s hold.

@@ -64,12 +64,15 @@ macro_rules! choice {
 choice! {
     /// How timeouts are delayed in the broker.
     DelayMode {
-        /// Probe the broker for the `x-delayed-message` exchange type at start-up.
+        /// Probe the broker at start-up: native where it holds quorum-queue
+        /// delivery times, else the plugin where enabled, else ttl.
         Auto = "auto",
         /// The delayed-message exchange plugin keeps the messages.
         Plugin = "plugin",
         /// Binary TTL levels with dead-lettering; needs nothing but RabbitMQ itself.
         Ttl = "ttl",
+        /// Quorum queues hold each timer until its delivery time (RabbitMQ 4.3 and later).
+        Native = "native",
     }
 }
 

@@ -260,7 +260,7 @@ impl Metrics {
             waiting_timers: registered(
                 &mut registry,
                 "waiting_timers",
-                "Timers waiting in each delay stage that exists in the vhost (ttl: the level queues; plugin: the delayed-message exchange), read from the broker's management API every 5 s; absent while it cannot be read",
+                "Timers waiting in each delay stage that exists in the vhost (ttl: the level queues; plugin: the delayed-message exchange; native: the wait queue, held timers included), read from the broker's management API every 5 s; absent while it cannot be read",
                 Family::<Labels1, Gauge>::default(),
             ),
             auth_refused: registered(
@@ -272,7 +272,7 @@ impl Metrics {
             delay_mode: registered(
                 &mut registry,
                 "delay_mode",
-                "The delay mode in effect (1 for the mode chosen at start-up: ttl or plugin)",
+                "The delay mode in effect (1 for the mode chosen at start-up: ttl, plugin or native)",
                 Family::<Labels1, Gauge>::default(),
             ),
             blocked: registered(

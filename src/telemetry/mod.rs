@@ -199,8 +199,8 @@ impl Telemetry {
     }
 
     /// The delay stages were read: timers in each (`None`: no such stage).
-    pub fn stages_read(&self, ttl: Option<u64>, plugin: Option<u64>) {
-        for (stage, timers) in [("ttl", ttl), ("plugin", plugin)] {
+    pub fn stages_read(&self, ttl: Option<u64>, plugin: Option<u64>, native: Option<u64>) {
+        for (stage, timers) in [("ttl", ttl), ("plugin", plugin), ("native", native)] {
             match timers {
                 Some(n) => {
                     self.m
@@ -214,7 +214,7 @@ impl Telemetry {
             }
         }
         if self.stages_unreadable.swap(false, Ordering::Relaxed) {
-            tracing::info!(?ttl, ?plugin, "delay stages readable again");
+            tracing::info!(?ttl, ?plugin, ?native, "delay stages readable again");
         }
     }
 
@@ -350,6 +350,17 @@ impl Telemetry {
     pub fn delay_mode_chosen(&self, mode: &'static str, reason: &str) {
         self.m.delay_mode.get_or_create(&[("mode", mode)]).set(1);
         tracing::info!(mode, reason, "delay mode chosen");
+    }
+
+    /// The native stage's queue let a timer go before its delivery time `at`
+    /// by this host's clock (the broker's clock is ahead of it): it is held
+    /// again, until `until`.
+    pub fn returned_early(&self, at: i64, until: i64) {
+        tracing::warn!(
+            delivery_time = %crate::domain::Millis(at).to_rfc3339(),
+            held_until = %crate::domain::Millis(until).to_rfc3339(),
+            "the broker returned a timer before its delivery time: is its clock ahead of this host's?"
+        );
     }
 
     /// The broker blocked a connection's publishing (a resource alarm); its

@@ -85,8 +85,8 @@ pub async fn declare(
         bind(&channel, &b, false).await?;
     }
     match mode {
-        Mode::Plugin => {
-            for b in plugin_bindings(names) {
+        Mode::Plugin | Mode::Native => {
+            for b in stage_bindings(names, mode) {
                 bind(&channel, &b, false).await?;
             }
         }
@@ -151,18 +151,21 @@ pub async fn declare_queue(channel: &Channel, q: &QueueSpec) -> Result<lapin::Qu
 }
 
 /// Deletes everything [`declare`] may have created under these names, in
-/// either mode, for tests and for operators who mean it: timers waiting in
+/// any mode, for tests and for operators who mean it: timers waiting in
 /// either stage are lost.
 pub async fn delete_all(channel: &Channel, names: &Names) -> Result<(), lapin::Error> {
     // The TTL queues are a superset of the plugin mode's; RabbitMQ answers a
     // delete of a name that does not exist with delete-ok.
-    for q in queues(names, Mode::Ttl, QueueType::Classic) {
+    let mut queues = queues(names, Mode::Ttl, QueueType::Classic);
+    queues.push(wait_queue(names));
+    for q in queues {
         channel
             .queue_delete(q.name.as_str().into(), Default::default())
             .await?;
     }
     let mut all = exchanges(names, Mode::Ttl);
     all.extend(stage_exchanges(names, Mode::Plugin));
+    all.extend(stage_exchanges(names, Mode::Native));
     for x in all {
         channel
             .exchange_delete(x.name.as_str().into(), ExchangeDeleteOptions::default())

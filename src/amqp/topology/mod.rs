@@ -5,16 +5,27 @@
 //! router, relay, re-delays ─► the delay stage of the mode in effect:
 //!   ttl:    <prefix>.out.23 ─► level of the highest set bit ─► … ─► <prefix>.due
 //!   plugin: <prefix>.delay (x-delayed-message, direct by kind) ─► <prefix>.due
+//!   native: <prefix>.wait (fanout) ─► <prefix>.wait (quorum queue, held until
+//!           x-opt-delivery-time by the deferrer) ─► dead-lettered ─► <prefix>.due
 //! <prefix>.due (topic, by kind) ─► <prefix>.work.<kind> ─► consumer
 //! anything that breaks the contract ─► <prefix>.parked (with x-parked-reason)
 //! relay, after each transition's commit ─► <prefix>.events (topic, order.<event>) ─► consumers' own queues
 //! ```
 //!
-//! The two stages have different names and both end in `due`, so they live side
-//! by side in one vhost: switching modes changes where new timers go, while the
-//! timers already waiting in the other stage still drain into `due`. Nothing is
-//! deleted on a switch. Validation happens before either stage, so the plugin
-//! never sees an `x-delay` it would deliver at once.
+//! The three stages have different names and all end in `due`, so they live
+//! side by side in one vhost: switching modes changes where new timers go,
+//! while the timers already waiting in another stage still drain into `due`
+//! (the native stage's through its deferrer, which runs wherever its queue
+//! exists). Nothing is deleted on a switch. Validation happens before any
+//! stage, so the plugin never sees an `x-delay` it would deliver at once.
+//!
+//! Native mode (RabbitMQ 4.3 and later): every timer carries the header
+//! `x-opt-delivery-time`, its due instant in ms since the epoch, and waits in
+//! one quorum queue. The deferrer ([`crate::amqp::deferral`]) takes each one
+//! over AMQP 1.0 and settles it `modified` with that annotation, which makes
+//! the queue hold it, in its replicated state, until then; back in time, it is
+//! rejected, and the queue dead-letters it into `due` (at-least-once, so it
+//! is never dropped on the way), routing key and headers unchanged.
 //!
 //! TTL mode: a delay of D whole seconds is written as [`DIGITS`] octal digits,
 //! most significant first, then the kind: `0.0.0.0.0.0.1.5.payment` is 13 s.
@@ -38,10 +49,10 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{Channel, Connection, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 
 pub use crate::broker::{Mode, Names};
-use crate::domain::TimeoutKind;
+use crate::domain::{Millis, TimeoutKind};
 pub use crate::settings::QueueType;
 
 mod declare;
@@ -95,7 +106,34 @@ pub fn delay_route(
         // consumer holds the sub-second rest against the database deadline.
         Mode::Ttl => (names.out(LEVELS), ttl_routing_key(delay_ms / 1000, kind)),
         Mode::Plugin => (names.delay(), kind.as_str().to_string()),
+        // The routing key is kept when the queue dead-letters into `due`.
+        Mode::Native => (names.wait(), kind.as_str().to_string()),
     }
+}
+
+/// The header of a timer in the native stage: its due instant in ms since
+/// the epoch. The broker turns `x-` headers into AMQP 1.0 message
+/// annotations, which is where the deferrer reads it and the queue's own
+/// name for the instant it holds a message until.
+pub const X_DELIVERY_TIME: &str = "x-opt-delivery-time";
+
+/// The properties of a timer going into the delay stage of `mode`, `delay_ms`
+/// from now: in native mode, stamped with [`X_DELIVERY_TIME`]. The instant is
+/// this host's clock plus the delay (the delay itself was reckoned from the
+/// database's clock); a timer the broker returns before the database says it
+/// is due is held or re-delayed by the consumer, never applied.
+pub fn into_stage(mode: Mode, properties: BasicProperties, delay_ms: u64) -> BasicProperties {
+    if mode != Mode::Native {
+        return properties;
+    }
+    let mut headers = properties
+        .headers()
+        .clone()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    let at = Millis::now().0.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
+    headers.insert(X_DELIVERY_TIME.into(), AMQPValue::LongLongInt(at));
+    properties.with_headers(FieldTable::from(headers))
 }
 
 /// Where a binding leads.
@@ -314,6 +352,16 @@ pub fn stage_exchanges(names: &Names, mode: Mode) -> Vec<ExchangeSpec> {
             arguments: vec![("x-delayed-type", Arg::Text("direct".into()))],
             earlier: None,
         }],
+        // Fanout into the one quorum queue, which keeps each routing key.
+        Mode::Native => {
+            let (arguments, _) = parking_alternate(names);
+            vec![ExchangeSpec {
+                name: names.wait(),
+                kind: ExchangeType::Fanout,
+                arguments,
+                earlier: None,
+            }]
+        }
     }
 }
 
@@ -349,14 +397,37 @@ pub fn queues(names: &Names, mode: Mode, queue_type: QueueType) -> Vec<QueueSpec
             earlier,
         }
     }));
-    if mode == Mode::Ttl {
-        out.extend((0..LEVELS).map(|l| QueueSpec {
+    match mode {
+        Mode::Ttl => out.extend((0..LEVELS).map(|l| QueueSpec {
             name: names.level(l),
             arguments: queue_args(queue_type, level_args(names, l, queue_type)),
             earlier: None,
-        }));
+        })),
+        Mode::Native => out.push(wait_queue(names)),
+        Mode::Plugin => {}
     }
     out
+}
+
+/// The native stage's queue, a quorum queue whatever `amqp.queue_type` says
+/// (holding a message until a time is theirs alone):
+/// - no delivery limit: a timer deferred and returned any number of times
+///   (restarts of the service, of a node) is never dropped for it;
+/// - what is rejected, the deferrer's word for "due", is dead-lettered into
+///   `due` with its routing key, at least once: the queue keeps the message
+///   until `due` has confirmed it (which needs `reject-publish` overflow).
+pub fn wait_queue(names: &Names) -> QueueSpec {
+    QueueSpec {
+        name: names.wait(),
+        arguments: vec![
+            ("x-queue-type", Arg::Text("quorum".into())),
+            ("x-delivery-limit", Arg::Int(-1)),
+            ("x-dead-letter-exchange", Arg::Text(names.due())),
+            ("x-dead-letter-strategy", Arg::Text("at-least-once".into())),
+            ("x-overflow", Arg::Text("reject-publish".into())),
+        ],
+        earlier: None,
+    }
 }
 
 /// The bindings every mode has: entry to ingest, parked to parked, and the due
@@ -404,11 +475,21 @@ pub fn plugin_bindings(names: &Names) -> Vec<Binding> {
         .to_vec()
 }
 
+/// The binding of the native stage: `<prefix>.wait` (fanout) to its queue.
+pub fn native_bindings(names: &Names) -> Vec<Binding> {
+    vec![Binding {
+        source: names.wait(),
+        destination: Destination::Queue(names.wait()),
+        key: String::new(),
+    }]
+}
+
 /// The bindings of one delay stage only.
 pub fn stage_bindings(names: &Names, mode: Mode) -> Vec<Binding> {
     match mode {
         Mode::Ttl => level_bindings(names),
         Mode::Plugin => plugin_bindings(names),
+        Mode::Native => native_bindings(names),
     }
 }
 

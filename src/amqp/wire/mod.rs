@@ -407,12 +407,15 @@ fn headers_of(original: &BasicProperties) -> BTreeMap<ShortString, AMQPValue> {
 /// The headers RabbitMQ writes when it dead-letters (`x-death`,
 /// `x-first-death-*`, `x-last-death-*`) are dropped: the TTL levels
 /// dead-letter every timer, and the broker reads those headers back then, so a
-/// publisher's malformed copy would reach the level queue's own process.
+/// publisher's malformed copy would reach the level queue's own process. So is
+/// a publisher's `x-opt-delivery-time`: in native mode the service stamps its
+/// own, from the validated delay.
 pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties {
     let mut headers = headers_of(original);
     headers.retain(|name, _| {
         let name = name.as_str();
         !(name == "x-death"
+            || name == "x-opt-delivery-time"
             || name.starts_with("x-first-death-")
             || name.starts_with("x-last-death-"))
     });

@@ -8,13 +8,14 @@ use lapin::{Channel, Connection, ExchangeKind};
 
 use crate::amqp;
 use crate::amqp::management::Management;
-use crate::amqp::topology::{self, Mode, Names, probe_plugin};
+use crate::amqp::topology::{self, Mode, Names};
 use crate::settings::{DelayMode, Settings, redact_url};
 
 use super::Report;
 
-/// The broker answers; whether it has the plugin; the delay mode that
-/// follows, chosen as `serve` chooses it ([`amqp::choose_mode`]).
+/// The broker answers; whether it holds native delays, or has the plugin;
+/// the delay mode that follows, chosen as `serve` chooses it
+/// ([`amqp::choose_mode`]).
 pub(super) async fn check_broker(
     report: &mut Report,
     settings: &Settings,
@@ -43,37 +44,44 @@ pub(super) async fn check_broker(
         return None;
     }
     service_connections(report, settings).await;
-    // The probe gets its own connection: a missing exchange type closes it.
-    let plugin = match amqp::connect(&settings.amqp, "doctor-probe").await {
-        Ok(probe_conn) => {
-            let found = probe_plugin(&probe_conn, names).await;
-            let _ = probe_conn.close(200, "probe".into()).await;
-            found
-        }
-        Err(e) => Err(e),
-    };
-    let plugin = match plugin {
-        Ok(true) => {
-            report.ok("plugin", "x-delayed-message exchange type available");
-            true
-        }
-        Ok(false) => {
-            report.note("plugin", "x-delayed-message not available (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)");
-            false
-        }
+    // What `serve` would find: the native stage first, the plugin only where
+    // that is missing (`auto` on RabbitMQ 4.3 never asks for the plugin).
+    let offers = match amqp::probe(&settings.amqp, names).await {
+        Ok(offers) => offers,
         Err(e) => {
-            report.fail("plugin", format!("probe failed: {e}"));
+            report.fail("delay stages", format!("probe failed: {e}"));
             return None;
         }
     };
-    if settings.amqp.delay_mode == DelayMode::Plugin && !plugin {
+    match &offers.native {
+        Ok(()) => report.ok(
+            "native",
+            "quorum queues hold a message until its delivery time (x-opt-delivery-time)",
+        ),
+        Err(why) => report.note("native", format!("not available: {why}")),
+    }
+    match offers.plugin {
+        Some(true) => report.ok("plugin", "x-delayed-message exchange type available"),
+        Some(false) => report.note("plugin", "x-delayed-message not available (rabbitmq-plugins enable rabbitmq_delayed_message_exchange)"),
+        None => report.note("plugin", "not probed: the broker's own native delays come first"),
+    }
+    if settings.amqp.delay_mode == DelayMode::Plugin && offers.plugin == Some(false) {
         report.fail(
             "delay mode",
             "amqp.delay_mode = plugin but the broker has no x-delayed-message type",
         );
         return None;
     }
-    let (mode, why) = amqp::choose_mode(settings.amqp.delay_mode, plugin);
+    if settings.amqp.delay_mode == DelayMode::Native
+        && let Err(why) = &offers.native
+    {
+        report.fail(
+            "delay mode",
+            format!("amqp.delay_mode = native but the broker cannot hold timers: {why}"),
+        );
+        return None;
+    }
+    let (mode, why) = amqp::choose_mode(settings.amqp.delay_mode, &offers);
     report.ok("delay mode", format!("{} — {why}", mode.as_str()));
     Some(mode)
 }
@@ -287,6 +295,7 @@ pub(super) async fn check_stages(
         }
     }
     let plugin_exists = exists(&conn, &names.delay(), None).await;
+    let native_exists = exists(&conn, &names.wait(), None).await;
     let _ = conn.close(200, "doctor".into()).await;
     let plugin = if plugin_exists {
         Some(plugin_timers(report, settings, names).await)
@@ -316,6 +325,26 @@ pub(super) async fn check_stages(
             ),
         ),
         None => report.ok("plugin stage", "not declared in this vhost"),
+    }
+    if native_exists {
+        let held = native_timers(report, settings, names).await;
+        report.ok(
+            "native stage",
+            format!(
+                "{} (quorum queue), {} timers held{}",
+                names.wait(),
+                count(held),
+                in_use(mode, Mode::Native)
+            ),
+        );
+        if mode != Mode::Native && held != Some(0) {
+            report.note(
+                "native stage",
+                "timers from a run in native mode still come back in time and drain into due (the deferrer runs while the queue exists); keep the queue until it is empty",
+            );
+        }
+    } else {
+        report.ok("native stage", "not declared in this vhost");
     }
     warn_about_stages(report, settings, names, mode, ttl, plugin);
 }
@@ -371,6 +400,26 @@ async fn plugin_timers(report: &mut Report, settings: &Settings, names: &Names) 
         Ok(n) => n,
         Err(e) => {
             report.note("plugin stage", format!("{} exists; {e}", names.delay()));
+            None
+        }
+    }
+}
+
+/// The timers in the native stage's queue, held until their time: the
+/// broker reports them as the queue's `messages_delayed`, which only the
+/// management API shows (`None` when it cannot be asked).
+async fn native_timers(report: &mut Report, settings: &Settings, names: &Names) -> Option<u64> {
+    let Some(api) = &settings.amqp.management else {
+        report.note(
+            "native stage",
+            "the timers held cannot be counted with amqp.management_url = off",
+        );
+        return None;
+    };
+    match Management::new(api.clone()).stages(names).await {
+        Ok(stages) => stages.native,
+        Err(e) => {
+            report.note("native stage", e.to_string());
             None
         }
     }

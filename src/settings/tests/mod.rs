@@ -117,7 +117,7 @@ fn wrong_values_are_refused_naming_their_key_never_a_secret() {
     refuses(
         &[],
         &[
-            "amqp.delay_mode = fast => amqp.delay_mode: (expected auto, plugin or ttl)",
+            "amqp.delay_mode = fast => amqp.delay_mode: (expected auto, plugin, ttl or native)",
             "log.format = xml => log.format: (expected pretty or json)",
             "windows.payment = soon => windows.payment: is not a duration",
             "http.request_timeout = forever => http.request_timeout: is not a duration",
