@@ -69,6 +69,7 @@ mod instances; // several instances; SIGTERM and SIGKILL of a real process
 mod lifecycle; // the whole order lifecycle, races and refusals
 mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused by name
 mod metrics; // every documented metric after a timeout cycle
+mod native; // the native stage (RabbitMQ 4.3+): mode switches, held timers counted, restarts
 mod openapi; // the OpenAPI document matches what the API does
 mod outages; // the broker and the database go away and come back
 mod reload; // settings reloaded while running: SIGHUP, /admin/reload, ctl reload

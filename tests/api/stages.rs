@@ -100,7 +100,7 @@ async fn stop_until_due_unconsumed(app: &mut TestApp) {
 }
 
 /// The order was cancelled exactly once, by its timer (not the sweeper, not twice).
-async fn assert_cancelled_once_by_timer(app: &TestApp, id: &str) {
+pub(crate) async fn assert_cancelled_once_by_timer(app: &TestApp, id: &str) {
     let order = app.order_with_audit(id).await;
     let cancels: Vec<&serde_json::Value> = order["audit"]
         .as_array()
@@ -134,7 +134,7 @@ async fn mode_switch_plugin_to_ttl_postgres() {
     .await
 }
 
-async fn mode_switch(backend: Backend, from: DelayMode, setting: &str, to: DelayMode) {
+pub(crate) async fn mode_switch(backend: Backend, from: DelayMode, setting: &str, to: DelayMode) {
     let mut app = spawn_app(Spawn::new(backend, from)).await;
     app.put_stock("A", 10).await;
     // Long enough to be still waiting after a restart on a busy machine.
