@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn committed_definitions_match_the_code() {
         let names = Names::new("order.timeouts");
-        for mode in [Mode::Ttl, Mode::Plugin] {
+        for mode in [Mode::Ttl, Mode::Plugin, Mode::Native] {
             let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file_name(mode));
             let expected = render(&names, mode);
             if std::env::var_os("ORDER_TIMEOUT_WRITE_DEFINITIONS").is_some() {
