@@ -128,27 +128,20 @@ fn amqp10(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 /// An AMQP 1.0 connection to `address` (an address of `amqp.url`), as
-/// `name`, in the URL's vhost, within `amqp.connect_timeout`.
+/// `name`, in the URL's vhost, within `amqp.connect_timeout`. `amqps://` is
+/// TLS from the first byte, trusting the system's roots and
+/// `amqp.tls_ca_file`, as lapin's connections do.
 pub async fn open(
     settings: &AmqpSettings,
     address: &str,
     name: &str,
 ) -> Result<ConnectionHandle<()>, Error> {
-    let uri: lapin::uri::AMQPUri = address
-        .parse()
-        .map_err(|e| amqp10("amqp.url", e))?;
-    if uri.scheme == lapin::uri::AMQPScheme::AMQPS {
-        return Err(Error::Amqp10(
-            "native mode over amqps:// is not supported by this version: use amqp://, or another delay mode".into(),
-        ));
-    }
+    let uri: lapin::uri::AMQPUri = address.parse().map_err(|e| amqp10("amqp.url", e))?;
     let hostname = format!("vhost:{}", uri.vhost);
     let host = uri.authority.host.clone();
     let port = uri.authority.port;
-    let open = async {
-        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
-            .await
-            .map_err(|e| amqp10(&format!("{host}:{port}"), e))?;
+    let at = format!("{host}:{port}");
+    let builder = || {
         Amqp10::builder()
             .container_id(name)
             .hostname(hostname.as_str())
@@ -157,17 +150,67 @@ pub async fn open(
                 username: uri.authority.userinfo.username.clone(),
                 password: uri.authority.userinfo.password.clone(),
             })
-            .open_with_stream(stream)
+    };
+    let open = async {
+        let stream = tokio::net::TcpStream::connect((host.as_str(), port))
             .await
-            .map_err(|e| amqp10(&format!("AMQP 1.0 at {host}:{port}"), e))
+            .map_err(|e| amqp10(&at, e))?;
+        let opened = if uri.scheme == lapin::uri::AMQPScheme::AMQPS {
+            let tls = tls(stream, &host, settings.tls_ca_pem.as_deref()).await?;
+            builder().open_with_stream(tls).await
+        } else {
+            builder().open_with_stream(stream).await
+        };
+        opened.map_err(|e| amqp10(&format!("AMQP 1.0 at {at}"), e))
     };
     match tokio::time::timeout(settings.connect_timeout, open).await {
         Ok(opened) => opened,
         Err(_) => Err(Error::Amqp10(format!(
-            "{host}:{port}: no AMQP 1.0 connection within {} (amqp.connect_timeout)",
+            "{at}: no AMQP 1.0 connection within {} (amqp.connect_timeout)",
             humantime::format_duration(settings.connect_timeout)
         ))),
     }
+}
+
+/// TLS over `stream` to `host`, with rustls (ring) as lapin uses it: the
+/// system's roots plus the certificates of `amqp.tls_ca_file`.
+async fn tls(
+    stream: tokio::net::TcpStream,
+    host: &str,
+    ca_pem: Option<&str>,
+) -> Result<
+    impl tokio::io::AsyncRead + tokio::io::AsyncWrite + std::fmt::Debug + Send + Unpin + 'static,
+    Error,
+> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio_util::compat::{FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
+
+    let failed = |e: &dyn std::fmt::Display| amqp10(&format!("TLS to {host}"), e);
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        // A system certificate rustls cannot use is skipped, as lapin does.
+        let _ = roots.add(cert);
+    }
+    if let Some(pem) = ca_pem {
+        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            let cert = cert.map_err(|e| failed(&e))?;
+            roots.add(cert).map_err(|e| failed(&e))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| failed(&e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let server = ServerName::try_from(host.to_string()).map_err(|e| failed(&e))?;
+    let connector = futures_rustls::TlsConnector::from(Arc::new(config));
+    let stream = connector
+        .connect(server, stream.compat())
+        .await
+        .map_err(|e| failed(&e))?;
+    Ok(stream.compat())
 }
 
 /// [`open`] on the first address of `amqp.url` that answers, from `first`.

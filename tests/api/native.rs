@@ -120,6 +120,14 @@ async fn auto_chooses_native_sqlite() {
     .await
 }
 
+/// Over `amqps://`, the deferrer's AMQP 1.0 connection trusts what lapin's
+/// trust (the system's roots and `amqp.tls_ca_file`), and timers are held
+/// and released through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_with_a_private_ca_sqlite() {
+    run(Backend::Sqlite, DelayMode::Native, crate::tls::amqps_cycle).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "restarts the broker: make test runs it alone"]
 async fn broker_restart_native_timer_held_across_thirty_service_restarts() {

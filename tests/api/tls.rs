@@ -1,6 +1,8 @@
 //! `amqps://` end to end: socat terminates TLS in front of the real broker with a
 //! certificate made for the test; the service trusts it through
-//! `amqp.tls_ca_file`, and refuses the same endpoint without it.
+//! `amqp.tls_ca_file`, and refuses the same endpoint without it. In native
+//! mode (`native::amqps_*`) the deferrer's AMQP 1.0 connection goes through
+//! the same terminator.
 
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
@@ -8,7 +10,7 @@ use std::time::Duration;
 
 use crate::helpers::*;
 
-struct Terminator {
+pub(crate) struct Terminator {
     child: Child,
     port: u16,
     dir: std::path::PathBuf,
@@ -30,8 +32,9 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// A self-signed certificate for localhost and a socat TLS listener forwarding to 5672.
-fn terminator() -> Option<Terminator> {
+/// A self-signed certificate for localhost and a socat TLS listener forwarding
+/// to the broker under test.
+pub(crate) fn terminator() -> Option<Terminator> {
     if !have("socat") || !have("openssl") {
         if std::env::var("ORDER_TIMEOUT_REQUIRE_EXAMPLES").is_ok() {
             panic!("socat and openssl are required under make test");
@@ -116,7 +119,7 @@ fn terminator() -> Option<Terminator> {
             dir.join("cert.pem").display(),
             dir.join("key.pem").display()
         ))
-        .arg("TCP:127.0.0.1:5672")
+        .arg(format!("TCP:{}", broker_address()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -124,10 +127,22 @@ fn terminator() -> Option<Terminator> {
     Some(Terminator { child, port, dir })
 }
 
+/// `host:port` of the broker under test.
+fn broker_address() -> String {
+    let uri: lapin::uri::AMQPUri = BROKER.get().parse().expect("the test broker's URL");
+    format!("{}:{}", uri.authority.host, uri.authority.port)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqps_with_a_private_ca() {
+    amqps_cycle(Backend::Sqlite, DelayMode::Ttl).await
+}
+
+/// A timeout cycle over `amqps://` through a terminator, after checking that
+/// the terminator's certificate is refused without `amqp.tls_ca_file`.
+pub(crate) async fn amqps_cycle(backend: Backend, mode: DelayMode) {
     let Some(tls) = terminator() else { return };
-    let mut plain = spawn_app(Spawn::new(Backend::Sqlite, DelayMode::Ttl)).await;
+    let mut plain = spawn_app(Spawn::new(backend, mode)).await;
     // Same vhost and database, now over TLS; the plain instance stops first.
     plain.stop().await;
     let amqps = format!("amqps://guest:guest@localhost:{}/{}", tls.port, plain.vhost);
@@ -160,4 +175,8 @@ async fn amqps_with_a_private_ca() {
         .await;
     assert!(ms(&order, "cancelled_at") >= ms(&order, "pay_deadline"));
     assert_eq!(app.stock("A").await["available"], 2);
+    assert_eq!(
+        app.ctx.resolved_mode().map(|m| m.as_str()),
+        Some(mode.as_str())
+    );
 }
