@@ -314,7 +314,9 @@ async fn session(
                 if deferrals > 0 {
                     ctx.telemetry.returned_early(at.unwrap_or(until), until);
                 }
-                receiver.modify(&delivery, hold_until(until, deferrals)).await
+                receiver
+                    .modify(&delivery, hold_until(until, deferrals))
+                    .await
             }
             Decision::Release => receiver.reject(&delivery, None).await,
         };
@@ -341,7 +343,10 @@ pub async fn probe(
     let channel = conn.create_channel().await?;
     let mut arguments = FieldTable::default();
     for (k, v) in [
-        ("x-queue-type", lapin::types::AMQPValue::LongString("quorum".into())),
+        (
+            "x-queue-type",
+            lapin::types::AMQPValue::LongString("quorum".into()),
+        ),
         ("x-expires", lapin::types::AMQPValue::LongInt(60_000)),
     ] {
         arguments.insert(k.into(), v);

@@ -248,6 +248,9 @@ mod tests {
         ]);
         // The one dead-lettered on its way to `due` is not waiting.
         assert_eq!(held_messages(&queues, &names), Some(8));
-        assert_eq!(held_messages(&serde_json::json!([{"name": "p.ingest"}]), &names), None);
+        assert_eq!(
+            held_messages(&serde_json::json!([{"name": "p.ingest"}]), &names),
+            None
+        );
     }
 }

@@ -129,7 +129,11 @@ mod tests {
 
     #[test]
     fn configured_modes_win_and_auto_prefers_native_then_the_plugin() {
-        for o in [offers(true, None), offers(false, Some(true)), offers(false, Some(false))] {
+        for o in [
+            offers(true, None),
+            offers(false, Some(true)),
+            offers(false, Some(false)),
+        ] {
             assert_eq!(choose_mode(DelayMode::Ttl, &o).0, Mode::Ttl);
             // Without the plugin the declaration fails loudly; never a silent ttl.
             assert_eq!(choose_mode(DelayMode::Plugin, &o).0, Mode::Plugin);

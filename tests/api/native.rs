@@ -71,8 +71,7 @@ async fn held_timers_counted(backend: Backend, mode: DelayMode) {
     assert_eq!(queue["messages_ready"], 0, "{queue}");
     assert_eq!(queue["arguments"]["x-delivery-limit"], -1, "{queue}");
     assert_eq!(
-        queue["arguments"]["x-dead-letter-strategy"],
-        "at-least-once",
+        queue["arguments"]["x-dead-letter-strategy"], "at-least-once",
         "{queue}"
     );
     wait_until(
@@ -92,7 +91,10 @@ async fn held_timers_counted(backend: Backend, mode: DelayMode) {
         out.contains(&format!("{}, 3 timers held (in use)", app.names.wait())),
         "{out}"
     );
-    assert!(out.contains("delay mode") && out.contains("native"), "{out}");
+    assert!(
+        out.contains("delay mode") && out.contains("native"),
+        "{out}"
+    );
     // On a broker with native delays the plugin is never asked for.
     assert!(out.contains("not probed"), "{out}");
     // Paying one takes nothing out of the queue early: its timer comes back
@@ -105,18 +107,23 @@ async fn held_timers_counted(backend: Backend, mode: DelayMode) {
 /// `auto` on a broker with native delays chooses them, with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_chooses_native_sqlite() {
-    run(Backend::Sqlite, DelayMode::Native, |backend, _| async move {
-        let app = spawn_app(
-            Spawn::new(backend, DelayMode::Native).env("ORDER_TIMEOUT__AMQP__DELAY_MODE", "auto"),
-        )
-        .await;
-        assert_eq!(app.ctx.resolved_mode().map(|m| m.as_str()), Some("native"));
-        app.put_stock("A", 1).await;
-        let id = app.order(&[("A", 1)], "2s").await;
-        app.cancelled_on_time(&id, Duration::from_secs(10)).await;
-        assert_cancelled_once_by_timer(&app, &id).await;
-        assert!(app.drain_parked().await.is_empty(), "nothing parked");
-    })
+    run(
+        Backend::Sqlite,
+        DelayMode::Native,
+        |backend, _| async move {
+            let app = spawn_app(
+                Spawn::new(backend, DelayMode::Native)
+                    .env("ORDER_TIMEOUT__AMQP__DELAY_MODE", "auto"),
+            )
+            .await;
+            assert_eq!(app.ctx.resolved_mode().map(|m| m.as_str()), Some("native"));
+            app.put_stock("A", 1).await;
+            let id = app.order(&[("A", 1)], "2s").await;
+            app.cancelled_on_time(&id, Duration::from_secs(10)).await;
+            assert_cancelled_once_by_timer(&app, &id).await;
+            assert!(app.drain_parked().await.is_empty(), "nothing parked");
+        },
+    )
     .await
 }
 

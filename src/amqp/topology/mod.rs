@@ -131,7 +131,9 @@ pub fn into_stage(mode: Mode, properties: BasicProperties, delay_ms: u64) -> Bas
         .clone()
         .map(|h| h.inner().clone())
         .unwrap_or_default();
-    let at = Millis::now().0.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
+    let at = Millis::now()
+        .0
+        .saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
     headers.insert(X_DELIVERY_TIME.into(), AMQPValue::LongLongInt(at));
     properties.with_headers(FieldTable::from(headers))
 }
