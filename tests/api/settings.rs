@@ -316,6 +316,7 @@ async fn doctor_and_schedule(backend: Backend, mode: DelayMode) {
             "plugin stage: order.timeouts.delay, 0 timers waiting (in use)",
             "ttl stage: not declared in this vhost",
         ),
+        DelayMode::Native => panic!("doctor_and_schedule runs in ttl and plugin mode"),
     };
     let events = [
         "ok    events: order.timeouts.events (topic): every committed transition",

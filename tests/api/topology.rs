@@ -15,10 +15,7 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 fn topology_mode(mode: DelayMode) -> Mode {
-    match mode {
-        DelayMode::Ttl => Mode::Ttl,
-        DelayMode::Plugin => Mode::Plugin,
-    }
+    mode.service()
 }
 
 /// `POST /api/definitions/{vhost}`: what an operator does with the file.
