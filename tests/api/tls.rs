@@ -30,7 +30,21 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// A self-signed certificate for localhost and a socat TLS listener forwarding to 5672.
+/// The broker under test's `host:port` (`ORDER_TIMEOUT_TEST_BROKER`, 5672 by default).
+fn broker_address() -> String {
+    let url = BROKER.get();
+    let authority = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    let authority = authority.split('/').next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    if host_port.contains(':') {
+        host_port.to_string()
+    } else {
+        format!("{host_port}:5672")
+    }
+}
+
+/// A self-signed certificate for localhost and a socat TLS listener forwarding
+/// to the broker under test.
 fn terminator() -> Option<Terminator> {
     if !have("socat") || !have("openssl") {
         if std::env::var("ORDER_TIMEOUT_REQUIRE_EXAMPLES").is_ok() {
@@ -116,7 +130,7 @@ fn terminator() -> Option<Terminator> {
             dir.join("cert.pem").display(),
             dir.join("key.pem").display()
         ))
-        .arg("TCP:127.0.0.1:5672")
+        .arg(format!("TCP:{}", broker_address()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
