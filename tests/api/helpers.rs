@@ -145,10 +145,33 @@ pub struct TestApp {
     cleanup: Option<Cleanup>,
 }
 
-/// What to remove when a test ends, whatever way it ends.
+/// What to remove when a test ends, whatever way it ends: when its `TestApp`
+/// drops, or when the service never got that far (a start-up that panics).
 struct Cleanup {
     vhost: String,
-    database: DatabaseGuard,
+    database: Option<DatabaseGuard>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let vhost = std::mem::take(&mut self.vhost);
+        let database = self.database.take();
+        // Drop cannot await; a helper thread with its own runtime does the
+        // removal, and we wait for it so nothing outlives the test.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                delete_vhost(&vhost).await;
+                if let Some(database) = database {
+                    drop_database(database).await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 enum DatabaseGuard {
@@ -501,6 +524,10 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
     };
     let vhost = vhost_guard.name().to_string();
     let (db_url, guard) = create_database(opts.backend).await;
+    let cleanup = Cleanup {
+        vhost: vhost_guard.release(),
+        database: Some(guard),
+    };
     for statement in &opts.setup {
         admin(&db_url, statement).await;
     }
@@ -541,10 +568,6 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
     for (k, v) in opts.env {
         env.insert(k.to_string(), v);
     }
-    let cleanup = Cleanup {
-        vhost: vhost_guard.release(),
-        database: guard,
-    };
     start(env, vhost, amqp_url, Some(cleanup)).await
 }
 
@@ -1030,21 +1053,8 @@ impl Drop for TestApp {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-        if let Some(cleanup) = self.cleanup.take() {
-            // Drop cannot await; a helper thread with its own runtime does the
-            // removal, and we wait for it so nothing outlives the test.
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    delete_vhost(&cleanup.vhost).await;
-                    drop_database(cleanup.database).await;
-                });
-            })
-            .join();
-        }
+        // Removes the vhost and the database (see `Cleanup`'s drop).
+        drop(self.cleanup.take());
     }
 }
 
