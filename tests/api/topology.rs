@@ -432,7 +432,12 @@ async fn least_privilege(backend: Backend, mode: DelayMode) {
     let declare = channel
         .queue_declare(
             "mine".into(),
-            lapin::options::QueueDeclareOptions::default(),
+            // Durable: a broker that denies transient non-exclusive queues
+            // (RabbitMQ 4.3's deprecation) would refuse it for that instead.
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
             lapin::types::FieldTable::default(),
         )
         .await;
