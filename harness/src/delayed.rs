@@ -36,7 +36,7 @@ pub enum Error {
 /// command and its leading arguments, `["rabbitmqctl"]` for the local node,
 /// say `["chroot", "/srv/rabbitmq4", "rabbitmqctl", "-n", "rabbit4@localhost"]`
 /// for another). Returns how many it removed; 0 where the plugin is not
-/// enabled.
+/// enabled, or where the node runs no Mnesia (RabbitMQ 4.3 and later).
 pub fn forget(rabbitmqctl: &[String], which: Timers<'_>) -> Result<u64, Error> {
     let (name, select) = match which {
         Timers::OfVhost(vhost) => (vhost, format!("V =:= <<\"{vhost}\">>")),
@@ -60,10 +60,13 @@ pub fn forget(rabbitmqctl: &[String], which: Timers<'_>) -> Result<u64, Error> {
     // in a bag, indexed by #delay_index{delay_key} in an ordered set; the
     // exchange's name is a #resource{virtual_host, …}. The same in plugin
     // 3.10.2 and 4.0.7. (No match spec: the CLI turns the atom '$1' into ''.)
+    // RabbitMQ 4.3 runs no Mnesia (Khepri only, so no plugin either): there
+    // asking for its tables aborts, and there is nothing to forget.
     let erl = format!(
         "T = list_to_atom(\"rabbit_delayed_message\" ++ atom_to_list(node())), \
          I = list_to_atom(atom_to_list(T) ++ \"_index\"), \
-         case lists:member(I, mnesia:system_info(tables)) of \
+         case mnesia:system_info(is_running) =:= yes \
+             andalso lists:member(I, mnesia:system_info(tables)) of \
            false -> 0; \
            true -> \
              ets:foldl(fun({{delay_index, K, _}}, N) -> \

@@ -61,7 +61,11 @@ async fn every_publisher_sends_an_integer_x_delay() {
     channel
         .queue_declare(
             queue.into(),
-            QueueDeclareOptions::default(),
+            // Exclusive: RabbitMQ 4.3 refuses a transient queue that is not.
+            QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
             FieldTable::default(),
         )
         .await
@@ -222,6 +226,16 @@ async fn accepts_every_integer_type(backend: Backend, mode: DelayMode) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_integer_type_of_x_delay_is_accepted_native() {
+    run(
+        Backend::Postgres,
+        DelayMode::Native,
+        accepts_every_integer_type,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x_delay_of_another_type_or_out_of_range_is_parked_saying_why_ttl() {
     run(Backend::Sqlite, DelayMode::Ttl, parks_what_is_no_delay).await
 }
@@ -229,6 +243,11 @@ async fn x_delay_of_another_type_or_out_of_range_is_parked_saying_why_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn x_delay_of_another_type_or_out_of_range_is_parked_saying_why_plugin() {
     run(Backend::Sqlite, DelayMode::Plugin, parks_what_is_no_delay).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_delay_of_another_type_or_out_of_range_is_parked_saying_why_native() {
+    run(Backend::Postgres, DelayMode::Native, parks_what_is_no_delay).await
 }
 
 /// Each message is parked by the router before any delay (nothing reaches

@@ -714,7 +714,7 @@ async fn work_queues_dead_letter_into_parked() {
 /// into `parked`) keeps working with no manual step, and `doctor` says what it
 /// lacks and where UPGRADING.md says how to add it.
 async fn an_earlier_topology_still_works(backend: Backend, mode: DelayMode) {
-    use order_timeout::amqp::topology::{self, ExchangeSpec, Mode, QueueSpec, QueueType};
+    use order_timeout::amqp::topology::{self, ExchangeSpec, QueueSpec, QueueType};
     let vhost = Vhost::create().await;
     let conn = lapin::Connection::connect(
         &format!("{BROKER}/{}", vhost.name()),
@@ -724,10 +724,7 @@ async fn an_earlier_topology_still_works(backend: Backend, mode: DelayMode) {
     .unwrap();
     let channel = conn.create_channel().await.unwrap();
     let names = topology::Names::new("order.timeouts");
-    let mode = match mode {
-        DelayMode::Ttl => Mode::Ttl,
-        DelayMode::Plugin => Mode::Plugin,
-    };
+    let mode = mode.service();
     let mut before = 0;
     for x in topology::exchanges(&names, mode) {
         let spec = ExchangeSpec {
@@ -803,10 +800,7 @@ async fn an_earlier_topology_still_works(backend: Backend, mode: DelayMode) {
 }
 
 fn mode_of(mode: order_timeout::amqp::topology::Mode) -> DelayMode {
-    match mode {
-        order_timeout::amqp::topology::Mode::Ttl => DelayMode::Ttl,
-        order_timeout::amqp::topology::Mode::Plugin => DelayMode::Plugin,
-    }
+    DelayMode::named(mode.as_str())
 }
 
 matrix!(an_earlier_topology_still_works);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use lapin::options::{BasicAckOptions, BasicGetOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use order_timeout::amqp::topology::Names;
+use order_timeout::amqp::topology::{Mode, Names};
 use order_timeout::amqp::wire;
 use order_timeout::app::Application;
 use order_timeout::context::Context;
@@ -83,6 +83,8 @@ pub enum Backend {
 pub enum DelayMode {
     Ttl,
     Plugin,
+    /// Timers held by a quorum queue until their due time (RabbitMQ 4.3 and later).
+    Native,
 }
 
 impl DelayMode {
@@ -90,7 +92,25 @@ impl DelayMode {
         match self {
             Self::Ttl => "ttl",
             Self::Plugin => "plugin",
+            Self::Native => "native",
         }
+    }
+
+    /// The service's own name for this mode, for the topology it declares.
+    pub fn service(self) -> Mode {
+        match self {
+            Self::Ttl => Mode::Ttl,
+            Self::Plugin => Mode::Plugin,
+            Self::Native => Mode::Native,
+        }
+    }
+
+    /// The mode the service names the same way (`Mode::as_str`).
+    pub fn named(name: &str) -> Self {
+        [Self::Ttl, Self::Plugin, Self::Native]
+            .into_iter()
+            .find(|m| m.as_str() == name)
+            .unwrap_or_else(|| panic!("no delay mode named {name:?}"))
     }
 }
 
@@ -124,10 +144,33 @@ pub struct TestApp {
     cleanup: Option<Cleanup>,
 }
 
-/// What to remove when a test ends, whatever way it ends.
+/// What to remove when a test ends, whatever way it ends: when its `TestApp`
+/// drops, or when the service never got that far (a start-up that panics).
 struct Cleanup {
     vhost: String,
-    database: DatabaseGuard,
+    database: Option<DatabaseGuard>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let vhost = std::mem::take(&mut self.vhost);
+        let database = self.database.take();
+        // Drop cannot await; a helper thread with its own runtime does the
+        // removal, and we wait for it so nothing outlives the test.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                delete_vhost(&vhost).await;
+                if let Some(database) = database {
+                    drop_database(database).await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 enum DatabaseGuard {
@@ -297,6 +340,59 @@ pub async fn plugin_available() -> bool {
     *AVAILABLE.get_or_init(|| found)
 }
 
+/// The first RabbitMQ release whose quorum queues hold a returned message
+/// until the `x-opt-delivery-time` it carries: what native mode needs.
+pub const NATIVE_SINCE: (u32, u32) = (4, 3);
+
+/// Whether a RabbitMQ version (`3.10.8`, `4.3.6`) is [`NATIVE_SINCE`] or later.
+pub fn version_has_native(version: &str) -> bool {
+    let mut parts = version
+        .split(['.', '-', '+'])
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= NATIVE_SINCE,
+        _ => false,
+    }
+}
+
+#[test]
+fn native_mode_needs_rabbitmq_4_3() {
+    for (version, native) in [
+        ("3.10.8", false),
+        ("3.13.7", false),
+        ("4.0.5", false),
+        ("4.2.9", false),
+        ("4.3.0", true),
+        ("4.3.6", true),
+        ("4.4.0-beta.1", true),
+        ("5.0", true),
+        ("", false),
+    ] {
+        assert_eq!(version_has_native(version), native, "{version}");
+    }
+}
+
+/// The quorum queue where native mode's timers wait: `<prefix>.wait`.
+pub fn native_wait_queue(names: &Names) -> String {
+    format!("{}.wait", names.entry())
+}
+
+/// How late the management API may count a queue's messages: the broker
+/// sends queue statistics every `collect_statistics_interval` (5 s by
+/// default). Native mode's timers are counted only there.
+pub const STATISTICS_LAG: Duration = Duration::from_secs(6);
+
+/// Whether the broker under test can run native mode: RabbitMQ 4.3 or later,
+/// by the `rabbitmq_version` its management API reports (asked once).
+pub async fn native_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    if let Some(v) = AVAILABLE.get() {
+        return *v;
+    }
+    let found = version_has_native(&broker_version().await);
+    *AVAILABLE.get_or_init(|| found)
+}
+
 /// The server's admin URL and the URL of a database on it, for server backends.
 fn server(backend: Backend) -> Option<(&'static str, &'static str)> {
     match backend {
@@ -427,6 +523,10 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
     };
     let vhost = vhost_guard.name().to_string();
     let (db_url, guard) = create_database(opts.backend).await;
+    let cleanup = Cleanup {
+        vhost: vhost_guard.release(),
+        database: Some(guard),
+    };
     for statement in &opts.setup {
         admin(&db_url, statement).await;
     }
@@ -467,10 +567,6 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
     for (k, v) in opts.env {
         env.insert(k.to_string(), v);
     }
-    let cleanup = Cleanup {
-        vhost: vhost_guard.release(),
-        database: guard,
-    };
     start(env, vhost, amqp_url, Some(cleanup)).await
 }
 
@@ -860,9 +956,11 @@ impl TestApp {
     }
 
     /// Timers waiting in one delay stage: the messages in the level queues
-    /// (ttl, counted over AMQP), or what the plugin reports for
-    /// `<prefix>.delay` (plugin; no queue holds them). 0 where the stage does
-    /// not exist in the vhost.
+    /// (ttl, counted over AMQP), what the plugin reports for `<prefix>.delay`
+    /// (plugin; no queue holds them), or the messages of the quorum queue
+    /// `<prefix>.wait`, deferred or not (native, from the management API,
+    /// which counts them a few seconds late). 0 where the stage does not
+    /// exist in the vhost.
     pub async fn stage_timers(&self, stage: DelayMode) -> u64 {
         match stage {
             DelayMode::Ttl => {
@@ -897,11 +995,29 @@ impl TestApp {
                     .unwrap_or_else(|| panic!("the plugin reports messages_delayed: {x}"))
             })
             .unwrap_or(0),
+            // Seen on RabbitMQ 4.3.6: a deferred timer counts in the queue's
+            // `messages` and in `messages_delayed` (not in `messages_ready`,
+            // nor in the message count of a passive declare over AMQP), so
+            // `messages` alone is every timer, deferred, ready or delivered.
+            DelayMode::Native => api_get_opt(&format!(
+                "/queues/{}/{}",
+                url_encode(&self.vhost),
+                url_encode(&native_wait_queue(&self.names))
+            ))
+            .await
+            // A queue the statistics have not reached yet has no count: none.
+            .and_then(|q| q["messages"].as_u64())
+            .unwrap_or(0),
         }
     }
 
-    /// Waits until a delay stage holds exactly `n` timers.
+    /// Waits until a delay stage holds exactly `n` timers; for the native
+    /// stage, [`STATISTICS_LAG`] longer.
     pub async fn wait_stage_timers(&self, stage: DelayMode, n: u64, within: Duration) {
+        let within = match stage {
+            DelayMode::Native => within + STATISTICS_LAG,
+            DelayMode::Ttl | DelayMode::Plugin => within,
+        };
         wait_until(
             within,
             &format!("{n} timers waiting in the {} stage", stage.as_str()),
@@ -936,21 +1052,8 @@ impl Drop for TestApp {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-        if let Some(cleanup) = self.cleanup.take() {
-            // Drop cannot await; a helper thread with its own runtime does the
-            // removal, and we wait for it so nothing outlives the test.
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    delete_vhost(&cleanup.vhost).await;
-                    drop_database(cleanup.database).await;
-                });
-            })
-            .join();
-        }
+        // Removes the vhost and the database (see `Cleanup`'s drop).
+        drop(self.cleanup.take());
     }
 }
 
@@ -994,13 +1097,35 @@ pub fn ms(order: &Value, field: &str) -> i64 {
 /// finds none fails instead of skipping.
 pub const REQUIRE_PLUGIN: &str = "ORDER_TIMEOUT_REQUIRE_PLUGIN";
 
+/// Set (by `.ci/run`, for its RabbitMQ 4.3 run) where native mode must run: a
+/// native-mode test on an older broker fails instead of skipping.
+pub const REQUIRE_NATIVE: &str = "ORDER_TIMEOUT_REQUIRE_NATIVE";
+
 /// Runs a scenario on a backend and mode; plugin mode is skipped, loudly, when
-/// the broker does not offer the exchange type (and fails under [`REQUIRE_PLUGIN`]).
+/// the broker does not offer the exchange type (and fails under
+/// [`REQUIRE_PLUGIN`]), native mode when the broker is older than RabbitMQ 4.3
+/// (and fails under [`REQUIRE_NATIVE`]).
 pub async fn run<F, Fut>(backend: Backend, mode: DelayMode, scenario: F)
 where
     F: FnOnce(Backend, DelayMode) -> Fut,
     Fut: Future<Output = ()>,
 {
+    if mode == DelayMode::Native && !native_available().await {
+        let version = broker_version().await;
+        assert!(
+            std::env::var_os(REQUIRE_NATIVE).is_none(),
+            "{REQUIRE_NATIVE} is set but the broker at {MANAGEMENT} is RabbitMQ {version} (native mode needs RabbitMQ {}.{} or later)",
+            NATIVE_SINCE.0,
+            NATIVE_SINCE.1
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED ({backend:?}, native mode): RabbitMQ {version} at {MANAGEMENT} has no quorum-queue delivery times (native mode needs RabbitMQ {}.{} or later)",
+            NATIVE_SINCE.0,
+            NATIVE_SINCE.1
+        );
+        return;
+    }
     if mode == DelayMode::Plugin && !plugin_available().await {
         // CI installs the plugin: there a plugin-mode test that finds none fails.
         assert!(
@@ -1009,9 +1134,18 @@ where
         );
         // Written to the process's stderr directly, so the test harness's capture
         // does not hide it: a skipped test must say so.
+        // On RabbitMQ 4.3 and later the plugin cannot be enabled at all.
+        let why = if native_available().await {
+            format!(
+                "RabbitMQ {} at {MANAGEMENT} cannot run the delayed-message plugin (Mnesia removed in 4.3; the plugin is archived upstream)",
+                broker_version().await
+            )
+        } else {
+            "the broker offers no x-delayed-message exchange type (rabbitmq_delayed_message_exchange is not enabled)".to_string()
+        };
         let _ = writeln!(
             std::io::stderr(),
-            "SKIPPED ({backend:?}, plugin mode): the broker offers no x-delayed-message exchange type (rabbitmq_delayed_message_exchange is not enabled)"
+            "SKIPPED ({backend:?}, plugin mode): {why}"
         );
         return;
     }

@@ -20,6 +20,11 @@ async fn hostile_amqp_input_is_parked_and_consumption_goes_on_plugin() {
     run(Backend::Sqlite, DelayMode::Plugin, hostile_amqp_input).await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_amqp_input_is_parked_and_consumption_goes_on_native() {
+    run(Backend::Postgres, DelayMode::Native, hostile_amqp_input).await
+}
+
 /// Garbage at the entry is parked by the router before any delay (nothing of
 /// it waits in the delay stage); garbage put straight into a work queue is
 /// parked by the consumer.

@@ -4,7 +4,8 @@
 mod helpers;
 
 /// Runs a scenario `async fn name(Backend, DelayMode)` on SQLite and PostgreSQL,
-/// in TTL mode always and in plugin mode when the broker offers it.
+/// in TTL mode always and in plugin mode when the broker offers it; and once,
+/// on PostgreSQL, in native mode when the broker is RabbitMQ 4.3 or later.
 macro_rules! matrix {
     ($name:ident) => {
         mod $name {
@@ -25,12 +26,17 @@ macro_rules! matrix {
             async fn postgres_plugin() {
                 run(Backend::Postgres, DelayMode::Plugin, super::$name).await
             }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_native() {
+                run(Backend::Postgres, DelayMode::Native, super::$name).await
+            }
         }
     };
 }
 
-/// Runs a heavy scenario once in each delay mode: on SQLite in TTL mode and on
-/// PostgreSQL in plugin mode (skipped, saying so, without the plugin).
+/// Runs a heavy scenario once in each delay mode: on SQLite in TTL mode, on
+/// PostgreSQL in plugin mode (skipped, saying so, without the plugin) and on
+/// PostgreSQL in native mode (skipped, saying so, before RabbitMQ 4.3).
 macro_rules! each_mode {
     ($name:ident) => {
         mod $name {
@@ -42,6 +48,10 @@ macro_rules! each_mode {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres_plugin() {
                 run(Backend::Postgres, DelayMode::Plugin, super::$name).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_native() {
+                run(Backend::Postgres, DelayMode::Native, super::$name).await
             }
         }
     };
@@ -76,7 +86,7 @@ mod reload; // settings reloaded while running: SIGHUP, /admin/reload, ctl reloa
 mod roles; // least privilege on the database: serve on row rights only
 mod routes; // the authorization matrix over every route, and every spelling of one
 mod settings; // the binary's contracts: settings, doctor, demo
-mod stages; // the two delay stages on the real plugin and TTL queues
+mod stages; // the delay stages on the real plugin, TTL and quorum queues
 mod tls; // amqps:// end to end
 mod topology; // definitions, quorum queues, rabbitmq.conf
 mod zones; // a mapped shop's time zone, and deadlines stored in whole seconds

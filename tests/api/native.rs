@@ -1,5 +1,5 @@
 //! The native stage (RabbitMQ 4.3 and later): timers held by a quorum queue
-//! until their delivery time. Switching to and from it loses no timer; the
+//! until their delivery time (switching to and from it: `stages::`). The
 //! held timers are counted by the broker (`messages_delayed`), the
 //! `waiting_timers` gauge and `doctor`; one timer held across thirty service
 //! restarts and a broker restart is applied on time, never dropped by a
@@ -11,29 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::helpers::*;
-use crate::stages::{assert_cancelled_once_by_timer, mode_switch};
-
-/// ttl → auto on a broker that holds delivery times: `auto` chooses native,
-/// the timer waiting in the levels still fires on time, new ones are held in
-/// the quorum queue.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mode_switch_ttl_to_native_postgres() {
-    run(Backend::Postgres, DelayMode::Native, |backend, _| {
-        mode_switch(backend, DelayMode::Ttl, "auto", DelayMode::Native)
-    })
-    .await
-}
-
-/// native → ttl by configuration (a shop moving back, or to a broker without
-/// native delays): the timer held in the quorum queue still comes back on
-/// time, since the deferrer runs wherever that queue exists.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mode_switch_native_to_ttl_sqlite() {
-    run(Backend::Sqlite, DelayMode::Native, |backend, _| {
-        mode_switch(backend, DelayMode::Native, "ttl", DelayMode::Ttl)
-    })
-    .await
-}
+use crate::stages::assert_cancelled_once_by_timer;
 
 /// Held timers are visible where an operator looks: the broker counts them
 /// as the queue's `messages_delayed` (none ready), the

@@ -283,6 +283,11 @@ async fn doctor_reports_mode_and_topology_and_schedule_publishes_plugin() {
     run(Backend::Sqlite, DelayMode::Plugin, doctor_and_schedule).await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_mode_and_topology_and_schedule_publishes_native() {
+    run(Backend::Sqlite, DelayMode::Native, doctor_and_schedule).await
+}
+
 async fn doctor_and_schedule(backend: Backend, mode: DelayMode) {
     let app = spawn_app(Spawn::new(backend, mode)).await;
     // Everything the app runs with, the delay mode and management API included.
@@ -315,6 +320,13 @@ async fn doctor_and_schedule(backend: Backend, mode: DelayMode) {
             "5 declared with another type or other arguments",
             "plugin stage: order.timeouts.delay, 0 timers waiting (in use)",
             "ttl stage: not declared in this vhost",
+        ),
+        DelayMode::Native => (
+            "topology: 5 exchanges and 6 queues declared, types and arguments as expected",
+            // The wait queue is a quorum queue whatever amqp.queue_type says.
+            "5 declared with another type or other arguments",
+            "native stage: order.timeouts.wait (quorum queue), 0 timers held (in use)",
+            "plugin stage: not declared in this vhost",
         ),
     };
     let events = [
