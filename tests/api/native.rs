@@ -113,8 +113,16 @@ async fn amqps_with_a_private_ca_sqlite() {
     run(Backend::Sqlite, DelayMode::Native, crate::tls::amqps_cycle).await
 }
 
+/// A thousand timers held in the quorum queue through a broker restart, the
+/// short ones due while it is down (`stages::broker_restart`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "restarts the broker: make test runs it alone"]
+#[ignore = "restarts the broker: make test and make test-broker run it alone"]
+async fn broker_restart_native_keeps_every_timer() {
+    run(Backend::Postgres, DelayMode::Native, crate::stages::broker_restart).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts the broker: make test and make test-broker run it alone"]
 async fn broker_restart_native_timer_held_across_thirty_service_restarts() {
     run(Backend::Postgres, DelayMode::Native, held_across_restarts).await
 }

@@ -423,7 +423,7 @@ async fn broker_restart_keeps_every_timer_ttl() {
 /// the broker is stopped, the long ones well after it is back.
 const RESTART_ORDERS: [(usize, u64); 2] = [(800, 40), (200, 8)];
 
-async fn broker_restart(backend: Backend, mode: DelayMode) {
+pub(crate) async fn broker_restart(backend: Backend, mode: DelayMode) {
     let app = spawn_app(Spawn::new(backend, mode)).await;
     app.put_stock("A", 1000).await;
     let app = &app;
