@@ -66,7 +66,10 @@ async fn held_timers_counted(backend: Backend, mode: DelayMode) {
     let (ok, out) = doctor(&app, &[]);
     assert!(ok, "{out}");
     assert!(
-        out.contains(&format!("{}, 3 timers held (in use)", app.names.wait())),
+        out.contains(&format!(
+            "{} (quorum queue), 3 timers held (in use)",
+            app.names.wait()
+        )),
         "{out}"
     );
     assert!(

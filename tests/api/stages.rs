@@ -30,7 +30,7 @@ async fn due_while_the_service_is_down(backend: Backend, mode: DelayMode) {
     app.wait_stage_timers(mode, 1, Duration::from_secs(5)).await;
     let deadline = ms(&app.get_order(&id).await, "pay_deadline");
     // The deadline passes with no service running.
-    stop_until_due_unconsumed(&mut app).await;
+    stop_until_due_unconsumed(&mut app, mode).await;
     let started = chrono::Utc::now().timestamp_millis();
     let next = app.spawn_variant(&[]).await;
     let order = next
@@ -68,12 +68,17 @@ async fn publisher_expiration_never_drops_a_timer(backend: Backend, mode: DelayM
     app.publish_with(&entry, "payment", props, body.as_bytes())
         .await;
     app.wait_stage_timers(mode, 1, Duration::from_secs(2)).await;
-    stop_until_due_unconsumed(&mut app).await;
+    stop_until_due_unconsumed(&mut app, mode).await;
     // The scenario: the message's 1 s expiration passes while it waits unconsumed.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let work = app.names.work(TimeoutKind::Payment);
+    // Where it waits unconsumed: its work queue, or in native mode the
+    // quorum queue (nothing lets it on while no service runs).
+    let waiting = match mode {
+        DelayMode::Native => app.names.wait(),
+        _ => app.names.work(TimeoutKind::Payment),
+    };
     assert_eq!(
-        app.queue_depth(&work).await,
+        app.queue_depth(&waiting).await,
         1,
         "still there, past its expiration"
     );
@@ -99,9 +104,28 @@ fn counting_lag(mode: DelayMode) -> Duration {
 }
 
 /// Stops the service and waits until its one payment timer has come due into
-/// the work queue, where nothing consumes it now.
-async fn stop_until_due_unconsumed(app: &mut TestApp) {
+/// the work queue, where nothing consumes it now. In native mode no service
+/// means no deferrer to let the due timer on: it waits in the quorum queue,
+/// no longer held (ready), until a service starts.
+async fn stop_until_due_unconsumed(app: &mut TestApp, mode: DelayMode) {
     app.stop().await;
+    if mode == DelayMode::Native {
+        let path = format!(
+            "/queues/{}/{}",
+            url_encode(&app.vhost),
+            url_encode(&app.names.wait())
+        );
+        wait_until(
+            Duration::from_secs(20),
+            "the timer ready again in the native stage",
+            || async {
+                let q = api_get(&path).await;
+                (q["messages_ready"] == 1 && q["messages_delayed"] == 0).then_some(())
+            },
+        )
+        .await;
+        return;
+    }
     let work = app.names.work(TimeoutKind::Payment);
     wait_until(
         Duration::from_secs(10),
