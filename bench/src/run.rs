@@ -106,6 +106,12 @@ async fn choose_run_mode(
         );
         return Ok(None);
     }
+    if asked == BenchMode::Native {
+        return Ok(Some((
+            Mode::Native,
+            "--mode native: the broker holds quorum-queue messages until a delivery time".into(),
+        )));
+    }
     let (mode, why) = choose_mode(delay_mode, &offers);
     if million && mode == Mode::Plugin && asked == BenchMode::Auto {
         // A million timers: the plugin's table is not meant for millions; it is
