@@ -486,7 +486,17 @@ async fn schedule_on(
     m: usize,
     channel: &lapin::Channel,
 ) -> anyhow::Result<Schedule> {
-    let before = broker_state(ctx, channel).await?;
+    let mut before = broker_state(ctx, channel).await?;
+    // The wait queue's memory is reported from the first stats interval after
+    // its declaration (5 s by default): the baseline waits for it, so that the
+    // empty queue's own memory is not counted against the timers.
+    let reported = Instant::now();
+    while before.wait.is_some_and(|w| w.memory == 0.0)
+        && reported.elapsed() < Duration::from_secs(15)
+    {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        before = broker_state(ctx, channel).await?;
+    }
     let now = Millis::now().0;
     let series = match ctx.db.get_database_backend() {
         DbBackend::Postgres => format!("SELECT g AS x FROM generate_series(1, {m}) AS g"),
