@@ -13,7 +13,10 @@
 #   make test-cluster  the service on that cluster losing a node mid-run, then the ledger (docs/RELIABILITY.md)
 #   make chaos   minutes of injected faults, then a ledger check (docs/RELIABILITY.md)
 #   make bench   burst, steady load, checkout and the machine's ceiling (docs/BENCHMARKS.md)
-#   make bench-million  a million pending timers in ttl mode: memory and scheduling time
+#   make bench-million  a million pending timers (native where the broker has it, else ttl): memory and scheduling time
+#                On RabbitMQ 4.3 (AMQP on 5677, management on 15677 here), name that broker and the mode:
+#                make bench BENCH_ARGS="--mode native --amqp amqp://guest:guest@127.0.0.1:5677 --management http://guest:guest@127.0.0.1:15677/api"
+#                (--mode ttl for ttl mode there; the same BENCH_ARGS for make bench-million)
 #   make dist    target/dist/order-timeout_<version>_amd64.deb: binary, config, systemd unit (packaging/)
 #   make test-dist  install that package here (root), run it as its unit would, then purge it
 
@@ -172,7 +175,8 @@ $(VENV)/.installed: rabbitmq/examples/python/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r rabbitmq/examples/python/requirements.txt
 	touch $@
 
-# Options go in BENCH_ARGS, for example BENCH_ARGS="--db sqlite --burst 5000".
+# Options go in BENCH_ARGS, for example BENCH_ARGS="--db sqlite --burst 5000";
+# another broker is --amqp URL with --management URL (see the header for 4.3).
 BENCH_ARGS ?=
 
 # Minutes of faults (connections killed, broker stopped, database refused, SIGKILL)

@@ -9,7 +9,9 @@
 //!   'pending_payment' AND deadline <= now RETURNING id`), one transaction per
 //!   batch of `consumer.batch_size`, one after the other like one consumer;
 //! - the delay path: the run's timers replayed, broker only, through a
-//!   throwaway copy of the topology in the run's delay mode ([`delay_path`]).
+//!   throwaway copy of the topology in the run's delay mode ([`delay_path`]);
+//!   not in native mode, whose stage needs the service's deferrer
+//!   ([`NATIVE_DELAY_PATH`]).
 //!
 //! None includes what the service adds (the audit rows, the stock release,
 //! the TTL hops): the gap between the service and the lower ceiling is the cost
@@ -43,16 +45,28 @@ pub struct Ceiling {
     pub broker: BrokerCeiling,
     /// Rows per second cancelled by the batched conditional UPDATE.
     pub db_batch_cancel_per_s: f64,
-    /// The run's timers replayed through a copy of the delay path.
-    pub delay_path: DelayPath,
+    /// The run's timers replayed through a copy of the delay path (`None` in
+    /// native mode: [`NATIVE_DELAY_PATH`]).
+    pub delay_path: Option<DelayPath>,
 }
+
+/// Why native mode has no delay-path ceiling: its wait queue holds a timer
+/// only when a deferrer settles it with a delivery time, so the broker alone
+/// releases nothing at its time; the service's deferrer cannot be run without
+/// the service, and a copy of it here would measure the copy.
+pub const NATIVE_DELAY_PATH: &str = "not measured in native mode: the wait queue holds timers only as the service's deferrer tells it, so there is no broker-only path to replay";
 
 /// Measures the ceiling with `n` messages and rows, then the delay path with the
 /// run's `schedule`, one after the other on a quiet broker and database.
 pub async fn measure(ctx: &RunCtx, n: usize, schedule: &[Scheduled]) -> anyhow::Result<Ceiling> {
     let broker = consume_ack(ctx, n).await?;
     let db_batch_cancel_per_s = db_batch_cancel(ctx, n).await?;
-    let delay_path = delay_path(ctx, schedule).await?;
+    let delay_path = if ctx.mode == "native" {
+        println!("ceiling: delay path {NATIVE_DELAY_PATH}");
+        None
+    } else {
+        Some(delay_path(ctx, schedule).await?)
+    };
     Ok(Ceiling {
         broker,
         db_batch_cancel_per_s,

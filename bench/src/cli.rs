@@ -20,7 +20,9 @@ pub struct BenchArgs {
     /// The database of the service under test (a fresh one either way).
     #[arg(long, value_enum, default_value_t = BenchDb::Postgres)]
     pub db: BenchDb,
-    /// Delay mode; `auto` runs plugin mode when the broker has it, else ttl.
+    /// Delay mode; `auto` is the service's `auto` (native where the broker
+    /// holds quorum-queue delivery times, else the plugin where enabled, else
+    /// ttl), except that `--million` never picks the plugin.
     #[arg(long, value_enum, default_value_t = BenchMode::Auto)]
     pub mode: BenchMode,
     /// HTTP requests in flight while placing orders.
@@ -29,8 +31,8 @@ pub struct BenchArgs {
     /// Distinct SKUs the orders draw from (fewer means hotter inventory rows).
     #[arg(long, default_value_t = 64)]
     pub skus: usize,
-    /// Schedule a million long timeouts (ttl mode unless `--mode plugin`) and
-    /// watch memory instead.
+    /// Schedule a million long timeouts (with `--mode auto`: native where the
+    /// broker has it, else ttl; plugin only when asked) and watch memory instead.
     #[arg(long)]
     pub million: bool,
     /// How many orders `--million` schedules (a smaller number for a smoke run).
@@ -44,7 +46,11 @@ pub struct BenchArgs {
     /// Where the JSON goes.
     #[arg(long, default_value = "target/bench/latest.json")]
     pub out: PathBuf,
-    /// RabbitMQ management API, with credentials.
+    /// The broker under test, `amqp://user:pass@host:port` (its vhost is
+    /// replaced by the run's own); default: the service's `amqp.url`.
+    #[arg(long, value_name = "URL")]
+    pub amqp: Option<String>,
+    /// The management API of that same broker, with credentials.
     #[arg(long, default_value = "http://guest:guest@127.0.0.1:15672/api")]
     pub management: String,
     /// PostgreSQL admin URL; the bench creates and drops `ot_bench_<random>` there.
@@ -71,6 +77,9 @@ pub enum BenchMode {
     Ttl,
     /// The delayed-message plugin (skipped when the broker lacks it).
     Plugin,
-    /// The plugin when present, else TTL levels.
+    /// A quorum queue holding each timer until its time (RabbitMQ 4.3 and
+    /// later; skipped when the broker does not hold delivery times).
+    Native,
+    /// What the service's `auto` picks (see `--mode`).
     Auto,
 }

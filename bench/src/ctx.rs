@@ -19,8 +19,15 @@ pub(crate) struct RunCtx {
     pub(crate) management: Management,
     /// The run's vhost.
     pub(crate) vhost: String,
-    /// `ttl` or `plugin`.
+    /// `ttl`, `plugin` or `native`.
     pub(crate) mode: String,
+    /// Why that mode (`--mode`, or the service's `auto` on this broker).
+    pub(crate) mode_why: String,
+    /// The broker under test: `{ "version", "node" }`, as the reports give it.
+    pub(crate) broker: serde_json::Value,
+    /// The pid of its node on this machine, when known (else every
+    /// `beam.smp` counts as the broker's CPU).
+    pub(crate) broker_pid: Option<u32>,
     /// `postgres` or `sqlite`.
     pub(crate) db_kind: String,
     /// `amqp.prefetch` of the service (and of the ceiling's consumer).

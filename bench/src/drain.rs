@@ -22,8 +22,7 @@ pub(crate) async fn wait_drained(
     last_due: i64,
     limit: Duration,
 ) -> anyhow::Result<Vec<profile::Sample>> {
-    let depths =
-        profile::Depths::new(ctx.broker("depths").await?, &ctx.prefix, ctx.mode == "ttl").await?;
+    let depths = profile::Depths::new(ctx.broker("depths").await?, &ctx.prefix, &ctx.mode).await?;
     let mut samples = Vec::new();
     let mut printed = Instant::now() - Duration::from_secs(1);
     loop {
@@ -50,7 +49,7 @@ pub(crate) async fn wait_drained(
         .await?;
         samples.push(profile::Sample {
             at_ms: now,
-            cpu: profile::Cpu::read(pid, ticks),
+            cpu: profile::Cpu::read(pid, ctx.broker_pid, ticks),
             cancelled,
             overdue,
             levels,

@@ -289,6 +289,9 @@ pub struct Resources {
     pub database: Option<BenchDatabase>,
     /// The service under test.
     pub service: Option<Service>,
+    /// The run was in plugin mode: its timers are in the plugin's table of
+    /// the node, which deleting the vhost does not empty.
+    pub plugin_timers: bool,
 }
 
 impl Resources {
@@ -298,7 +301,9 @@ impl Resources {
             service.stop();
         }
         if let (Some(management), Some(vhost)) = (&self.management, self.vhost.take()) {
-            forget_delayed(&vhost);
+            if self.plugin_timers {
+                forget_delayed(&vhost);
+            }
             match management.delete_vhost(&vhost).await {
                 Ok(()) => println!("cleanup: deleted vhost {vhost}"),
                 Err(e) => eprintln!("cleanup: could not delete vhost {vhost}: {e:#}"),

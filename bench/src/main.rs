@@ -1,5 +1,5 @@
 //! `order-timeout-bench` (`make bench`): measures the service as a black box, against the local
-//! broker and a fresh database, then measures the machine's ceiling for the same
+//! broker (or the one `--amqp` and `--management` name) and a fresh database, then measures the machine's ceiling for the same
 //! work, and refuses to report figures from a run that was wrong.
 //!
 //! One run:
@@ -21,7 +21,7 @@
 //! Modules, in the order a run uses them:
 //! - this file: the command line, and `main`;
 //! - [`cli`]: the bench's options;
-//! - [`run`]: one run (mode, vhost, database, the child `serve`), the JSON written at the end;
+//! - [`run`]: one run (broker, vhost, mode, database, the child `serve`), the JSON written at the end;
 //! - [`ctx`]: what every phase of a run needs (HTTP client, database, broker URL, settings);
 //! - [`env`]: the management API, the run's database, the child process, cleanup;
 //! - [`timeouts`]: the burst and steady scenario, phase by phase;

@@ -1,19 +1,23 @@
 //! `bench --million`: a million pending timers (or `--million-orders N`), in
-//! either delay mode.
+//! any delay mode.
 //!
 //! Checkout over HTTP runs at a few thousand orders a second on a small machine,
 //! so a million would take most of an hour; instead the orders and their outbox
 //! rows are written by one SQL statement each (one transaction), exactly as a
 //! million checkouts would have left them, and the service's own outbox relay
 //! publishes them straight into the delay stage (the TTL levels, or the plugin's
-//! exchange). Windows are one to two days, so nothing falls due during the run.
+//! exchange, or the native stage's wait queue). Windows are one to two days, so
+//! nothing falls due during the run.
 //!
 //! Reported: the time from the commit to the last timer waiting in the stage,
 //! the service's RSS sampled every second (is it flat?), the broker's memory and
 //! disk (`/api/nodes`), the queues' memory (`/api/queues`), and the broker's
 //! memory per pending timer (the plugin keeps its timers in a table of the
-//! node, not in a queue, so only the node's memory shows them). The vhost (and
-//! with it the timers) is deleted afterwards.
+//! node, not in a queue, so only the node's memory shows them). In native mode
+//! also the wait queue's own: its process's memory (the queue keeps the index
+//! of held timers in memory) per held timer, and the scheduling rate, from the
+//! commit until the queue holds every timer (`messages_delayed`). The vhost
+//! (and with it the timers) is deleted afterwards.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,22 +55,59 @@ struct BrokerState {
     queue_mem_mb: f64,
     /// Bytes of persistent message bodies in the vhost's queues, MiB.
     persistent_mb: f64,
+    /// The native stage's wait queue (native mode only).
+    wait: Option<WaitQueue>,
+}
+
+/// The native stage's wait queue, as the management API reports it (its
+/// figures are refreshed every stats interval, 5 s by default).
+#[derive(Debug, Clone, Copy, Default)]
+struct WaitQueue {
+    /// Timers the queue holds until their time (`messages_delayed`).
+    held: u64,
+    /// The queue process's memory, bytes.
+    memory: f64,
+}
+
+impl WaitQueue {
+    /// Reads `<prefix>.wait` of the run's vhost: the queue, and every timer
+    /// in it (held, or ready or with the deferrer on their way to be held).
+    async fn read(ctx: &RunCtx, names: &Names) -> anyhow::Result<(Self, u64)> {
+        let q = ctx
+            .management
+            .get(&format!("/queues/{}/{}", ctx.vhost, names.wait()))
+            .await?;
+        let n = |key: &str| q[key].as_u64().unwrap_or(0);
+        let wait = Self {
+            held: n("messages_delayed"),
+            memory: q["memory"].as_f64().unwrap_or(0.0),
+        };
+        let in_stage = wait.held + n("messages_ready") + n("messages_unacknowledged");
+        Ok((wait, in_stage))
+    }
 }
 
 /// Exact message counts by passive declare (the management API's are up to 5 s
 /// old): timers in the delay stage, and messages anywhere else. The plugin's
-/// timers are in no queue: the plugin reports them per exchange.
+/// timers are in no queue: the plugin reports them per exchange. Those the
+/// native wait queue holds are not counted by a passive declare either: the
+/// management API says how many (`messages_delayed`), with the queue itself.
 async fn counts(
     ctx: &RunCtx,
     channel: &lapin::Channel,
     names: &Names,
-) -> anyhow::Result<(u64, u64)> {
+) -> anyhow::Result<(u64, u64, Option<WaitQueue>)> {
     let passive = QueueDeclareOptions {
         passive: true,
         ..Default::default()
     };
     let mut levels = 0;
-    if ctx.mode == "plugin" {
+    let mut wait = None;
+    if ctx.mode == "native" {
+        let (queue, in_stage) = WaitQueue::read(ctx, names).await?;
+        levels = in_stage;
+        wait = Some(queue);
+    } else if ctx.mode == "plugin" {
         let exchange = ctx
             .management
             .get(&format!("/exchanges/{}/{}", ctx.vhost, names.delay()))
@@ -95,7 +136,7 @@ async fn counts(
             .await?;
         elsewhere += u64::from(q.message_count());
     }
-    Ok((levels, elsewhere))
+    Ok((levels, elsewhere, wait))
 }
 
 async fn broker_state(ctx: &RunCtx, channel: &lapin::Channel) -> anyhow::Result<BrokerState> {
@@ -117,7 +158,8 @@ async fn broker_state(ctx: &RunCtx, channel: &lapin::Channel) -> anyhow::Result<
         disk_free_mb: mb(&node["disk_free"]),
         ..Default::default()
     };
-    (state.in_levels, state.elsewhere) = counts(ctx, channel, &Names::new(&ctx.prefix)).await?;
+    (state.in_levels, state.elsewhere, state.wait) =
+        counts(ctx, channel, &Names::new(&ctx.prefix)).await?;
     for q in queues.as_array().into_iter().flatten() {
         state.queue_mem_mb += mb(&q["memory"]);
         state.persistent_mb += mb(&q["message_bytes_persistent"]);
@@ -132,7 +174,30 @@ fn broker_json(s: &BrokerState) -> Value {
         "timers_in_stage": s.in_levels,
         "queue_memory_mb": round1(s.queue_mem_mb),
         "message_bytes_persistent_mb": round1(s.persistent_mb),
+        "wait_queue": s.wait.map(|w| json!({
+            "timers_held": w.held,
+            "memory_mb": round1(w.memory / 1_048_576.0),
+        })),
     })
+}
+
+/// Native mode's own figures: how fast the wait queue came to hold every
+/// timer, and what each costs the queue and the node.
+fn native_json(m: usize, s: &Schedule, node_per_timer: f64) -> Option<Value> {
+    let (before, after) = (s.before.wait?, s.after.wait?);
+    let bytes = |b: f64| b.round();
+    Some(json!({
+        "held_s": round1(s.schedule_s),
+        "timers_deferred_per_s": round1(m as f64 / s.schedule_s),
+        "wait_queue_memory_mb": {
+            "before": round1(before.memory / 1_048_576.0),
+            "peak": round1(s.peak_wait_memory / 1_048_576.0),
+            "after": round1(after.memory / 1_048_576.0),
+        },
+        "wait_queue_memory_per_timer_bytes": bytes((after.memory - before.memory) / m as f64),
+        "node_memory_per_timer_bytes": bytes(node_per_timer),
+        "note": "held_s is from the commit until the wait queue's messages_delayed reached the count; the management API refreshes it every stats interval (5 s by default), so held_s is late by up to that",
+    }))
 }
 
 /// Runs the scenario; the service is running on a fresh database.
@@ -143,32 +208,57 @@ pub async fn run(ctx: &RunCtx, res: &mut Resources, args: &BenchArgs) -> anyhow:
     let samples = sample_rss(pid, ticks);
     let result = schedule(ctx, res, m).await;
     let idle = match &result {
-        Ok(_) if args.idle_secs > 0 => Some(idle(pid, ticks, args.idle_secs).await),
+        Ok(_) if args.idle_secs > 0 => Some(idle(pid, ctx.broker_pid, ticks, args.idle_secs).await),
         _ => None,
     };
     samples.sampler.abort();
-    let (schedule_s, insert_s, before, after) = result?;
+    let done = result?;
+    let (schedule_s, insert_s) = (done.schedule_s, done.insert_s);
     let stats = res.service.as_ref().context("service")?.stats()?;
     let samples = samples.taken.lock().map(|v| v.clone()).unwrap_or_default();
-    let figures = Figures::new(m, &samples, schedule_s, insert_s, before, after, stats);
+    let figures = Figures::new(
+        m,
+        &samples,
+        schedule_s,
+        insert_s,
+        done.before,
+        done.after,
+        stats,
+    );
+    let native = native_json(m, &done, figures.per_timer_bytes);
     let report = json!({
         "mode": ctx.mode,
+        "mode_why": ctx.mode_why,
+        "broker": ctx.broker,
         "db": ctx.db_kind,
         "scenario": "million",
         "orders": m,
         "scheduled_through": "orders and outbox rows written by SQL in one transaction; the service's relay published them straight into the delay stage",
         "insert_s": round1(insert_s),
+        "published_s": round1(done.published_s),
         "schedule_s": round1(schedule_s),
         "schedule_per_s": round1(m as f64 / schedule_s),
         "service_rss_mb": { "first": round1(figures.first), "max": round1(figures.max), "last": round1(figures.last), "series": series(&samples) },
         "service_peak_rss_mb": round1(stats.peak_rss_mb),
         "service_cpu_s": round1(stats.cpu_s),
-        "broker_before": broker_json(&before),
-        "broker_after": broker_json(&after),
+        "broker_before": broker_json(&done.before),
+        "broker_after": broker_json(&done.after),
         "broker_memory_per_timer_bytes": figures.per_timer_bytes.round(),
+        "native": native,
         "idle": idle.as_ref().map(Idle::json),
     });
     figures.print_table();
+    if let Some(native) = &report["native"].as_object() {
+        println!(
+            "{:<34} {} timers/s held ({} s from the commit); wait queue {} bytes per timer (peak {} MiB), node {} bytes per timer",
+            "native stage",
+            native["timers_deferred_per_s"],
+            native["held_s"],
+            native["wait_queue_memory_per_timer_bytes"],
+            native["wait_queue_memory_mb"]["peak"],
+            native["node_memory_per_timer_bytes"]
+        );
+    }
     if let Some(idle) = &idle {
         idle.print(m);
     }
@@ -187,12 +277,12 @@ struct Idle {
 /// Measures the idle cost over `secs` seconds: CPU time of the service, the
 /// broker and the database (all their processes) read from `/proc` before
 /// and after, over the elapsed time.
-async fn idle(pid: u32, ticks: f64, secs: u64) -> Idle {
+async fn idle(pid: u32, broker: Option<u32>, ticks: f64, secs: u64) -> Idle {
     println!("million: measuring the idle cost for {secs} s (every timer pending, none due)");
-    let before = Cpu::read(pid, ticks);
+    let before = Cpu::read(pid, broker, ticks);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let after = Cpu::read(pid, ticks);
+    let after = Cpu::read(pid, broker, ticks);
     let elapsed = started.elapsed().as_secs_f64();
     let share = |role| (after.seconds(role) - before.seconds(role)) / elapsed;
     Idle {
@@ -364,13 +454,25 @@ impl Figures {
     }
 }
 
+/// What scheduling the timers took.
+struct Schedule {
+    /// Seconds writing the rows.
+    insert_s: f64,
+    /// Seconds from the commit until the outbox was empty (every timer
+    /// published by the relay).
+    published_s: f64,
+    /// Seconds from the commit until every timer was in the delay stage (in
+    /// native mode: held by the wait queue).
+    schedule_s: f64,
+    /// The broker before the rows were written, and once every timer was in the stage.
+    before: BrokerState,
+    after: BrokerState,
+    /// The wait queue's largest memory seen meanwhile, bytes (native mode).
+    peak_wait_memory: f64,
+}
+
 /// Writes the rows, waits for the service to put every timer in the delay stage.
-/// Returns (schedule seconds, insert seconds, broker before, broker after).
-async fn schedule(
-    ctx: &RunCtx,
-    res: &mut Resources,
-    m: usize,
-) -> anyhow::Result<(f64, f64, BrokerState, BrokerState)> {
+async fn schedule(ctx: &RunCtx, res: &mut Resources, m: usize) -> anyhow::Result<Schedule> {
     let conn = ctx.broker("million").await?;
     let channel = conn.create_channel().await?;
     let result = schedule_on(ctx, res, m, &channel).await;
@@ -383,8 +485,18 @@ async fn schedule_on(
     res: &mut Resources,
     m: usize,
     channel: &lapin::Channel,
-) -> anyhow::Result<(f64, f64, BrokerState, BrokerState)> {
-    let before = broker_state(ctx, channel).await?;
+) -> anyhow::Result<Schedule> {
+    let mut before = broker_state(ctx, channel).await?;
+    // The wait queue's memory is reported from the first stats interval after
+    // its declaration (5 s by default): the baseline waits for it, so that the
+    // empty queue's own memory is not counted against the timers.
+    let reported = Instant::now();
+    while before.wait.is_some_and(|w| w.memory == 0.0)
+        && reported.elapsed() < Duration::from_secs(15)
+    {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        before = broker_state(ctx, channel).await?;
+    }
     let now = Millis::now().0;
     let series = match ctx.db.get_database_backend() {
         DbBackend::Postgres => format!("SELECT g AS x FROM generate_series(1, {m}) AS g"),
@@ -411,11 +523,22 @@ async fn schedule_on(
     let committed = Instant::now();
     let limit = Duration::from_secs(120 + (m / 500) as u64);
     let mut last_print = Instant::now() - Duration::from_secs(10);
+    let mut published_s = None;
+    let mut peak_wait_memory: f64 = 0.0;
     loop {
         res.service.as_mut().context("service")?.check_alive()?;
         let outbox = count(&ctx.db, "SELECT COUNT(*) FROM outbox").await?;
+        if outbox == 0 && published_s.is_none() {
+            published_s = Some(committed.elapsed().as_secs_f64());
+        }
         let state = broker_state(ctx, channel).await?;
-        if outbox == 0 && state.in_levels >= m as u64 && state.elsewhere == 0 {
+        peak_wait_memory = peak_wait_memory.max(state.wait.map_or(0.0, |w| w.memory));
+        // In native mode a timer is scheduled once the wait queue holds it.
+        let staged = match state.wait {
+            Some(wait) => wait.held >= m as u64,
+            None => state.in_levels >= m as u64,
+        };
+        if outbox == 0 && staged && state.elsewhere == 0 {
             let schedule_s = committed.elapsed().as_secs_f64();
             println!("million: all {m} timers in the delay stage after {schedule_s:.1}s");
             // A little longer, to see whether memory settles.
@@ -435,7 +558,19 @@ async fn schedule_on(
                     after.in_levels
                 );
             }
-            return Ok((schedule_s, insert_s, before, after));
+            if let Some(wait) = after.wait
+                && wait.held != m as u64
+            {
+                bail!("the wait queue holds {} timers, {m} scheduled", wait.held);
+            }
+            return Ok(Schedule {
+                insert_s,
+                published_s: published_s.unwrap_or(schedule_s),
+                schedule_s,
+                before,
+                after,
+                peak_wait_memory: peak_wait_memory.max(after.wait.map_or(0.0, |w| w.memory)),
+            });
         }
         if committed.elapsed() > limit {
             bail!(
@@ -446,8 +581,12 @@ async fn schedule_on(
             );
         }
         if last_print.elapsed() >= Duration::from_secs(2) {
+            let held = state
+                .wait
+                .map(|w| format!(" ({} held by the wait queue)", w.held))
+                .unwrap_or_default();
             println!(
-                "million: outbox {outbox} left, {} in the stage, {} elsewhere, broker {:.0} MiB",
+                "million: outbox {outbox} left, {} in the stage{held}, {} elsewhere, broker {:.0} MiB",
                 state.in_levels, state.elsewhere, state.mem_mb
             );
             last_print = Instant::now();

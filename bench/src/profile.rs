@@ -25,7 +25,8 @@ pub const TARGET_BURST_PER_S: f64 = 10_000.0;
 /// Who used the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// RabbitMQ (`beam.smp`).
+    /// RabbitMQ (the node under test's `beam.smp`, or every one when its
+    /// pid is not known).
     Broker,
     /// PostgreSQL (every `postgres` process); SQLite runs inside the service.
     Database,
@@ -64,8 +65,9 @@ impl Cpu {
         self.by_role[role as usize]
     }
 
-    /// Reads `/proc` now (Linux). `service` is the pid of the service under test.
-    pub fn read(service: u32, ticks: f64) -> Self {
+    /// Reads `/proc` now (Linux). `service` is the pid of the service under
+    /// test, `broker` that of the broker's node when known.
+    pub fn read(service: u32, broker: Option<u32>, ticks: f64) -> Self {
         let mut cpu = Cpu::default();
         let me = std::process::id();
         if let Ok(dir) = std::fs::read_dir("/proc") {
@@ -88,7 +90,7 @@ impl Cpu {
                     Role::Service
                 } else if pid == me {
                     Role::Bench
-                } else if comm == "beam.smp" {
+                } else if comm == "beam.smp" && broker.is_none_or(|b| b == pid) {
                     Role::Broker
                 } else if comm == "postgres" {
                     Role::Database
@@ -134,7 +136,8 @@ pub struct Sample {
     pub cancelled: i64,
     /// Orders still `pending_payment` whose deadline has passed.
     pub overdue: i64,
-    /// Messages in all TTL levels (0 in plugin mode).
+    /// Messages in all TTL levels, or ready in the native stage's wait queue
+    /// (0 in plugin mode; timers the wait queue holds are not counted).
     pub levels: u32,
     /// Messages ready in the ingest queue.
     pub ingest: u32,
@@ -147,18 +150,20 @@ pub struct Sample {
 /// dead-lettering answers late, and the others should not wait for it.
 pub struct Depths {
     _conn: Connection,
-    /// The TTL levels (empty in plugin mode), then ingest, then work.payment.
+    /// The delay stage's queues (the TTL levels, the native wait queue, none
+    /// in plugin mode), then ingest, then work.payment.
     queues: Vec<(String, Channel)>,
 }
 
 impl Depths {
-    /// Opens a channel per queue of `prefix` on `conn` (the run's vhost).
-    pub async fn new(conn: Connection, prefix: &str, ttl: bool) -> anyhow::Result<Self> {
+    /// Opens a channel per queue of `prefix` on `conn` (the run's vhost), in
+    /// delay mode `mode`.
+    pub async fn new(conn: Connection, prefix: &str, mode: &str) -> anyhow::Result<Self> {
         let names = Names::new(prefix);
-        let mut wanted: Vec<String> = if ttl {
-            (0..LEVELS).map(|l| names.level(l)).collect()
-        } else {
-            Vec::new()
+        let mut wanted: Vec<String> = match mode {
+            "ttl" => (0..LEVELS).map(|l| names.level(l)).collect(),
+            "native" => vec![names.wait()],
+            _ => Vec::new(),
         };
         wanted.push(names.ingest());
         wanted.push(names.work(TimeoutKind::Payment));
@@ -314,6 +319,9 @@ impl Profile {
         } else if mode == "plugin" {
             // The plugin's timers are in no queue: what is nowhere else is there.
             "the plugin's delay stage: the broker released due timers more slowly than they fell due"
+        } else if mode == "native" {
+            // Held timers are not counted by a passive declare: likewise.
+            "the native stage: the wait queue released due timers, or the deferrer moved them into due, more slowly than they fell due"
         } else {
             "the TTL levels: the broker moved due timers out of the levels more slowly than they fell due"
         };

@@ -1,20 +1,23 @@
-//! One run of the bench: the delay mode chosen against what the broker offers, a
-//! fresh vhost and database, the service under test started as a child `serve`
-//! on them, the chosen scenario, cleanup whatever happened, and the JSON written
-//! only when the run was right.
+//! One run of the bench: the broker under test (`--amqp`, `--management`), a
+//! fresh vhost and database, the delay mode chosen as the service chooses it
+//! against what that broker offers, the service under test started as a child
+//! `serve` on them, the chosen scenario, cleanup whatever happened, and the
+//! JSON written only when the run was right.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use serde_json::Value;
 
 use crate::cli::{BenchArgs, BenchDb, BenchMode};
 use crate::ctx::RunCtx;
 use crate::env::{self, BenchDatabase, Management, Resources, Service};
 use crate::{million, timeouts};
-use order_timeout::settings::Settings;
+use order_timeout::amqp::topology::{Mode, Names};
+use order_timeout::amqp::{choose_mode, probe};
+use order_timeout::settings::{AmqpSettings, DelayMode, Secret, Settings, redact_url};
 
 /// Runs the bench; the exit code says whether the run was right.
 pub async fn run(
@@ -23,11 +26,8 @@ pub async fn run(
     args: BenchArgs,
 ) -> anyhow::Result<ExitCode> {
     let management = Management::new(&args.management)?;
-    let plugin = management.plugin_available().await?;
-    let Some(mode) = choose_mode(args.mode, plugin, args.million) else {
-        return Ok(ExitCode::SUCCESS);
-    };
-    // A failed run must not leave an older run's figures looking current.
+    let broker = broker_url(&settings, &args)?;
+    // A failed or skipped run must not leave an older run's figures looking current.
     if args.out.exists() {
         std::fs::remove_file(&args.out)
             .with_context(|| format!("removing {}", args.out.display()))?;
@@ -37,15 +37,17 @@ pub async fn run(
         ..Default::default()
     };
     let outcome = tokio::select! {
-        r = setup_and_run(&mut res, &settings, config.as_deref(), &args, mode) => r,
+        r = setup_and_run(&mut res, &settings, config.as_deref(), &args, &broker) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     res.cleanup().await;
     match outcome {
-        Ok(report) => {
+        Ok(Some(report)) => {
             write_report(&args.out, &report)?;
             Ok(ExitCode::SUCCESS)
         }
+        // Skipped, saying why: nothing to report.
+        Ok(None) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("bench FAILED, no figures reported: {e:#}");
             Ok(ExitCode::FAILURE)
@@ -53,31 +55,74 @@ pub async fn run(
     }
 }
 
-/// The delay mode to run (`ttl` or `plugin`) for `--mode` when the broker does
-/// or does not offer the plugin; `None` when nothing is to be measured.
-fn choose_mode(asked: BenchMode, plugin: bool, million: bool) -> Option<&'static str> {
-    match (asked, plugin, million) {
-        // A million timers: ttl unless plugin mode is asked for (the plugin's
-        // table is not meant for millions; the figure says what it costs).
-        (BenchMode::Ttl, _, _) | (BenchMode::Auto, _, true) => Some("ttl"),
-        (BenchMode::Plugin | BenchMode::Auto, true, _) => Some("plugin"),
-        (BenchMode::Plugin, false, _) => {
-            println!(
-                "SKIPPED plugin mode: the broker offers no x-delayed-message exchange type \
-                 (rabbitmq_delayed_message_exchange is not enabled); nothing was measured"
-            );
-            None
-        }
-        (BenchMode::Auto, false, _) => {
-            println!(
-                "plugin mode skipped: the broker offers no x-delayed-message exchange type; \
-                 running ttl mode"
-            );
-            Some("ttl")
-        }
-    }
+/// The broker under test: `--amqp`, else the service's `amqp.url` (one node:
+/// the bench puts the run's vhost into it).
+fn broker_url(settings: &Settings, args: &BenchArgs) -> anyhow::Result<url::Url> {
+    let (raw, from) = match &args.amqp {
+        Some(raw) => (raw.as_str(), "--amqp"),
+        None => (settings.amqp.url.expose(), "amqp.url"),
+    };
+    url::Url::parse(raw)
+        .with_context(|| format!("{from} '{}' is not one broker URL", redact_url(raw)))
 }
 
+/// The delay mode to run for `--mode`, with the reason in words, decided as
+/// the service decides `amqp.delay_mode` (its own probe and choice, on the
+/// run's vhost of the broker under test); `None`, having said why, when the
+/// broker lacks the mode asked for and nothing is to be measured.
+async fn choose_run_mode(
+    asked: BenchMode,
+    million: bool,
+    amqp: &AmqpSettings,
+    management: &Management,
+) -> anyhow::Result<Option<(Mode, String)>> {
+    let delay_mode = match asked {
+        BenchMode::Ttl => return Ok(Some((Mode::Ttl, "--mode ttl".into()))),
+        BenchMode::Plugin => {
+            if management.plugin_available().await? {
+                return Ok(Some((Mode::Plugin, "--mode plugin".into())));
+            }
+            println!(
+                "SKIPPED plugin mode: the broker offers no x-delayed-message exchange type \
+                 (rabbitmq_delayed_message_exchange is not enabled, or cannot be: RabbitMQ 4.3 \
+                 has none); nothing was measured"
+            );
+            return Ok(None);
+        }
+        BenchMode::Native => DelayMode::Native,
+        BenchMode::Auto => DelayMode::Auto,
+    };
+    let amqp = AmqpSettings {
+        delay_mode,
+        ..amqp.clone()
+    };
+    let offers = probe(&amqp, &Names::new(&amqp.prefix))
+        .await
+        .context("probing the broker for the delay modes it offers")?;
+    if let (BenchMode::Native, Err(why)) = (asked, &offers.native) {
+        println!(
+            "SKIPPED native mode: the broker does not hold quorum-queue messages until a \
+             delivery time ({why}); nothing was measured"
+        );
+        return Ok(None);
+    }
+    if asked == BenchMode::Native {
+        return Ok(Some((
+            Mode::Native,
+            "--mode native: the broker holds quorum-queue messages until a delivery time".into(),
+        )));
+    }
+    let (mode, why) = choose_mode(delay_mode, &offers);
+    if million && mode == Mode::Plugin && asked == BenchMode::Auto {
+        // A million timers: the plugin's table is not meant for millions; it is
+        // measured only when asked for.
+        return Ok(Some((
+            Mode::Ttl,
+            format!("--million with --mode auto: ttl, not the plugin it would choose ({why})"),
+        )));
+    }
+    Ok(Some((mode, why)))
+}
 /// Writes the report as pretty JSON to `out`, making its directory.
 fn write_report(out: &Path, report: &Value) -> anyhow::Result<()> {
     if let Some(dir) = out.parent() {
@@ -89,19 +134,38 @@ fn write_report(out: &Path, report: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Creates the vhost, database and child, then runs the chosen scenario.
+/// Creates the vhost, chooses the mode on it, creates the database and the
+/// child, then runs the chosen scenario; `None` when the mode is skipped.
 async fn setup_and_run(
     res: &mut Resources,
     settings: &Settings,
     config: Option<&Path>,
     args: &BenchArgs,
-    mode: &str,
-) -> anyhow::Result<Value> {
+    broker: &url::Url,
+) -> anyhow::Result<Option<Value>> {
     let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let vhost = format!("ot-bench-{tag}");
     let management = res.management.clone().context("management API")?;
+    let overview = management.get("/overview").await?;
+    let version = overview["rabbitmq_version"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string();
     management.create_vhost(&vhost).await?;
     res.vhost = Some(vhost.clone());
+    let mut amqp_url = broker.clone();
+    amqp_url.set_path(&format!("/{vhost}"));
+    let amqp_url = amqp_url.to_string();
+    let amqp = AmqpSettings {
+        url: Secret::new(amqp_url.clone()),
+        ..settings.amqp.clone()
+    };
+    let Some((mode, mode_why)) =
+        choose_run_mode(args.mode, args.million, &amqp, &management).await?
+    else {
+        return Ok(None);
+    };
+    res.plugin_timers = mode == Mode::Plugin;
     let database = match args.db {
         BenchDb::Postgres => BenchDatabase::postgres(&args.postgres_admin, &tag).await?,
         BenchDb::Sqlite => BenchDatabase::sqlite(&tag),
@@ -109,10 +173,15 @@ async fn setup_and_run(
     let db_url = database.url().to_string();
     let db_kind = database.kind();
     res.database = Some(database);
-    let mut amqp_url = url::Url::parse(settings.amqp.url.expose()).context("amqp.url")?;
-    amqp_url.set_path(&format!("/{vhost}"));
-    let amqp_url = amqp_url.to_string();
-    println!("bench: mode {mode}, database {db_kind}, vhost {vhost}");
+    let broker_node = format!(
+        "{}:{}",
+        broker.host_str().unwrap_or("?"),
+        broker.port().unwrap_or(5672)
+    );
+    println!(
+        "bench: RabbitMQ {version} at {broker_node}, mode {} ({mode_why}), database {db_kind}, vhost {vhost}",
+        mode.as_str()
+    );
 
     let child = ChildEnv {
         port: env::free_port()?,
@@ -121,18 +190,23 @@ async fn setup_and_run(
         token: uuid::Uuid::new_v4().simple().to_string(),
         db_url,
         amqp_url: amqp_url.clone(),
+        management_url: args.management.clone(),
         mode,
         tag: &tag,
     };
     let http = start_service(res, settings, config, args, &child).await?;
     let db = res.database.as_ref().context("database")?.connect().await?;
+    let broker_pid = broker_pid(&management).await;
     let ctx = RunCtx {
         http,
         db,
         amqp_url,
         management,
         vhost,
-        mode: mode.to_string(),
+        mode: mode.as_str().to_string(),
+        mode_why,
+        broker: serde_json::json!({ "version": version, "node": broker_node }),
+        broker_pid,
         db_kind: db_kind.to_string(),
         prefetch: settings.amqp.prefetch,
         batch_size: settings.consumer.batch_size,
@@ -144,7 +218,20 @@ async fn setup_and_run(
         timeouts::timeouts(&ctx, res, args).await?
     };
     ctx.db.clone().close().await.ok();
-    Ok(report)
+    Ok(Some(report))
+}
+
+/// The operating-system pid of the broker's node, when the management API
+/// tells it and it runs on this machine: its CPU is then told apart from
+/// other brokers' (a 3.10 and a 4.3 node side by side).
+async fn broker_pid(management: &Management) -> Option<u32> {
+    let nodes = management.get("/nodes").await.ok()?;
+    let pid = nodes.as_array()?.first()?["os_pid"]
+        .as_str()?
+        .parse::<u32>()
+        .ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "beam.smp").then_some(pid)
 }
 
 /// What the child `serve` is told of this run, on top of its settings.
@@ -157,8 +244,10 @@ struct ChildEnv<'a> {
     db_url: String,
     /// The broker URL of the run's vhost.
     amqp_url: String,
-    /// `ttl` or `plugin`.
-    mode: &'a str,
+    /// The management API of the broker under test (`--management`).
+    management_url: String,
+    /// The delay mode chosen for the run (never `auto`: resolved by the bench).
+    mode: Mode,
     /// The run's random tag (its instance name).
     tag: &'a str,
 }
@@ -170,7 +259,16 @@ impl ChildEnv<'_> {
             ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", self.token.clone()),
             ("ORDER_TIMEOUT__DATABASE__URL", self.db_url.clone()),
             ("ORDER_TIMEOUT__AMQP__URL", self.amqp_url.clone()),
-            ("ORDER_TIMEOUT__AMQP__DELAY_MODE", self.mode.to_string()),
+            (
+                "ORDER_TIMEOUT__AMQP__DELAY_MODE",
+                self.mode.as_str().to_string(),
+            ),
+            // Its gauges and `doctor` read the broker under test, not the
+            // default of amqp.url's host on port 15672.
+            (
+                "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
+                self.management_url.clone(),
+            ),
             (
                 "ORDER_TIMEOUT__AMQP__INSTANCE",
                 format!("bench-{}", self.tag),
@@ -232,6 +330,20 @@ async fn start_service(
         service.log.display()
     );
     service.wait_ready(&http, Duration::from_secs(60)).await?;
+    // The service's own word for the mode it runs, from /readyz.
+    let ready: Value = http
+        .get(format!("{}/readyz", service.base))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let running = ready["broker"]["mode"].as_str().unwrap_or("unresolved");
+    if running != child.mode.as_str() {
+        bail!(
+            "the service runs in {running} mode (its /readyz), the bench asked for {}",
+            child.mode.as_str()
+        );
+    }
     Ok(http)
 }
 

@@ -137,10 +137,10 @@ async fn checkout(
     (pid, ticks): (u32, f64),
 ) -> anyhow::Result<Checkout> {
     let total = jobs.len();
-    let cpu_before = profile::Cpu::read(pid, ticks);
+    let cpu_before = profile::Cpu::read(pid, ctx.broker_pid, ticks);
     let started = Instant::now();
     let (ids, sent) = place(ctx, base, jobs, clients, None, "checkout").await?;
-    let cpu_after = profile::Cpu::read(pid, ticks);
+    let cpu_after = profile::Cpu::read(pid, ctx.broker_pid, ticks);
     let schedule: Vec<Scheduled> = jobs
         .iter()
         .zip(&sent)

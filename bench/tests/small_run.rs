@@ -110,3 +110,129 @@ fn small_bench_on_sqlite_writes_valid_json() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// The broker the native-mode runs aim at: `ORDER_TIMEOUT_TEST_BROKER` and
+/// `ORDER_TIMEOUT_TEST_MANAGEMENT` as for the service's tests (`make
+/// test-broker`), else the machine's own.
+fn test_broker() -> Vec<String> {
+    let mut args = Vec::new();
+    if let Ok(amqp) = std::env::var("ORDER_TIMEOUT_TEST_BROKER") {
+        args.extend(["--amqp".to_string(), amqp]);
+    }
+    if let Ok(management) = std::env::var("ORDER_TIMEOUT_TEST_MANAGEMENT") {
+        args.extend(["--management".to_string(), management]);
+    }
+    args
+}
+
+/// Runs the bench in native mode with `args` on the test broker; `None`
+/// (having said why) where that broker has no native delays.
+fn native_run(args: &[&str]) -> Option<serde_json::Value> {
+    let dir = std::env::temp_dir().join(format!("ot-bench-test-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("latest.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_order-timeout-bench"))
+        .args(["--db", "sqlite", "--mode", "native"])
+        .args(args)
+        .args(test_broker())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("cleanup: deleted vhost"), "{stdout}");
+    if stdout.contains("SKIPPED native mode") {
+        eprintln!("skipped: the test broker has no native delays (RabbitMQ 4.3 has): {stdout}");
+        assert!(!out.exists(), "a skipped run wrote a report");
+        std::fs::remove_dir_all(dir).ok();
+        return None;
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    std::fs::remove_dir_all(dir).ok();
+    assert_eq!(report["mode"], "native", "{report}");
+    assert!(
+        report["broker"]["version"]
+            .as_str()
+            .unwrap()
+            .starts_with('4'),
+        "{report}"
+    );
+    Some(report)
+}
+
+#[test]
+fn native_million_reports_the_wait_queues_memory_and_the_scheduling_rate() {
+    let Some(report) = native_run(&["--million", "--million-orders", "2000", "--idle-secs", "0"])
+    else {
+        return;
+    };
+    let native = &report["native"];
+    assert!(native["held_s"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(
+        native["timers_deferred_per_s"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(
+        native["wait_queue_memory_per_timer_bytes"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{report}"
+    );
+    assert!(
+        native["node_memory_per_timer_bytes"].is_number(),
+        "{report}"
+    );
+    for key in ["before", "peak", "after"] {
+        assert!(
+            native["wait_queue_memory_mb"][key].is_number(),
+            "{key}: {report}"
+        );
+    }
+    assert_eq!(
+        report["broker_after"]["wait_queue"]["timers_held"], 2000,
+        "{report}"
+    );
+}
+
+#[test]
+fn native_burst_reports_lateness_without_a_delay_path_ceiling() {
+    let Some(report) = native_run(&[
+        "--burst",
+        "200",
+        "--steady-rate",
+        "50",
+        "--steady-secs",
+        "3",
+        "--clients",
+        "16",
+        "--skus",
+        "8",
+    ]) else {
+        return;
+    };
+    for load in ["burst", "steady"] {
+        let l = &report["lateness_ms"][load];
+        assert!(l["n"].as_u64().unwrap() > 0, "{load}: {report}");
+        assert!(l["p99"].as_i64().unwrap() >= 0, "{load}: {report}");
+    }
+    assert!(report["ceiling"]["delay_path_per_s"].is_null(), "{report}");
+    assert!(
+        report["ceiling"]["delay_path_skipped"].is_string(),
+        "{report}"
+    );
+    assert_eq!(report["steady_limit"]["target_p99_ms"], 20, "{report}");
+    assert!(
+        report["limit"]["cores_by_process"]["broker"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{report}"
+    );
+}
