@@ -93,6 +93,9 @@ test-broker: databases examples-deps
 		$(if $(TEST_RABBITMQCTL),ORDER_TIMEOUT_TEST_RABBITMQCTL="$(TEST_RABBITMQCTL)") $(TEST_ENV) \
 		$(CARGO) test --locked --test api -- --test-threads=$(TEST_THREADS) --skip mariadb \
 		core:: examples:: stages:: control:: native,$(if $(TEST_RABBITMQCTL),$(FORGET_DELAYED) $(TEST_RABBITMQCTL),echo "plugin timers of deleted test vhosts left on the broker of $(TEST_MANAGEMENT): TEST_RABBITMQCTL not set"))
+	@# The bench at a tiny size in native mode on that broker (skipped, saying why, where it has none).
+	ORDER_TIMEOUT_TEST_BROKER=$(TEST_BROKER) ORDER_TIMEOUT_TEST_MANAGEMENT=$(TEST_MANAGEMENT) \
+		$(CARGO) test --locked -p order-timeout-bench --test small_run -- --test-threads=1 native
 	@# The native stage through a broker restart (rabbitmqctl stop_app, start_app): alone, after the rest.
 	$(if $(TEST_RABBITMQCTL),ORDER_TIMEOUT_TEST_BROKER=$(TEST_BROKER) ORDER_TIMEOUT_TEST_MANAGEMENT=$(TEST_MANAGEMENT) \
 		ORDER_TIMEOUT_TEST_RABBITMQCTL="$(TEST_RABBITMQCTL)" $(TEST_ENV) \
