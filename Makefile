@@ -8,7 +8,8 @@
 #                (CI: RabbitMQ 4.0.5, and 4.3.6 where the native delay mode runs and the plugin cannot)
 #   make lint    rustfmt and clippy, warnings denied
 #   make services  start whatever local service is down (RabbitMQ, PostgreSQL, MariaDB)
-#   make cluster   start a local three-node RabbitMQ cluster, ports 5681-5683 (scripts/cluster.sh)
+#   make cluster   start a local three-node RabbitMQ cluster, ports 5681-5683 (scripts/cluster.sh);
+#                  RABBITMQ_ROOT=/srv/rabbitmq43 for RabbitMQ 4.3 (also for test-cluster)
 #   make cluster-stop  stop that cluster and remove its data
 #   make test-cluster  the service on that cluster losing a node mid-run, then the ledger (docs/RELIABILITY.md)
 #   make chaos   minutes of injected faults, then a ledger check (docs/RELIABILITY.md)
@@ -131,17 +132,23 @@ databases:
 	@for i in $$(seq 1 30); do mariadb-admin -uroot ping >/dev/null 2>&1 && break; sleep 1; done; mariadb-admin -uroot ping
 
 # Three RabbitMQ nodes clustered beside the main broker (AMQP 5681-5683,
-# management 15681-15683); the main broker is left alone.
+# management 15681-15683); the main broker is left alone. RABBITMQ_ROOT picks
+# the installation: empty for the machine's own (3.10), /srv/rabbitmq43 for
+# RabbitMQ 4.3 in the chroot of ../shared/rabbitmq43/start.sh (its node on 5677
+# is left alone too). One cluster at a time: cluster-stop stops whichever runs.
+RABBITMQ_ROOT ?=
+CLUSTER_SH := OT_CLUSTER_ROOT=$(RABBITMQ_ROOT) bash scripts/cluster.sh
 cluster:
-	bash scripts/cluster.sh start
+	$(CLUSTER_SH) start
 
 cluster-stop:
-	bash scripts/cluster.sh stop
+	$(CLUSTER_SH) stop
 
-# Minutes long: the cluster is started, two phases each lose a node, and the
-# cluster is removed again whatever the outcome.
+# Minutes long: the cluster is started, each phase loses a node (the phases of
+# a delay mode the broker cannot run say so and are skipped), and the cluster
+# is removed again whatever the outcome.
 test-cluster: databases cluster
-	$(call and_forget,$(CARGO) test --release --locked --test cluster -- --ignored --nocapture,bash scripts/cluster.sh stop)
+	$(call and_forget,OT_CLUSTER_ROOT=$(RABBITMQ_ROOT) $(CARGO) test --release --locked --test cluster -- --ignored --nocapture,$(CLUSTER_SH) stop)
 
 # socat terminates TLS in front of the broker for the amqps:// test.
 tools:

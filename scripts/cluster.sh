@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # A real three-node RabbitMQ cluster on this machine, beside the main broker.
 #
-# Three nodes of the installed broker (/usr/lib/rabbitmq/bin/rabbitmq-server,
-# the one rabbit@localhost runs; no containers), run as the rabbitmq user so
-# they share its Erlang cookie (/var/lib/rabbitmq/.erlang.cookie):
+# Three nodes of an installed broker (no containers), run as its rabbitmq user
+# so they share its Erlang cookie (/var/lib/rabbitmq/.erlang.cookie). Which
+# installation: OT_CLUSTER_ROOT, the root directory it is installed in.
+#   unset, empty or /   the machine's own (/usr/lib/rabbitmq/bin/rabbitmq-server,
+#                       the one rabbit@localhost runs: RabbitMQ 3.10 here)
+#   /srv/rabbitmq43     RabbitMQ 4.3 in the chroot of ../shared/rabbitmq43/start.sh
+#                       (Khepri only, no delayed-message plugin); every node and
+#                       every rabbitmqctl runs chrooted there, beside and apart
+#                       from that chroot's own rabbit43@localhost (5677)
+# Only one cluster runs at a time (same names and ports): `start` records its
+# root in /run/ot-cluster.root, and the other commands, OT_CLUSTER_ROOT unset or
+# empty, act on the cluster recorded there.
 #
 #   node                    AMQP   management  Erlang distribution
 #   ot-cluster-1@localhost  5681   15681       25681
@@ -11,7 +20,8 @@
 #   ot-cluster-3@localhost  5683   15683       25683
 #
 # Each node has its own config, enabled-plugins file, data and logs under
-# $OT_CLUSTER_BASE/<n> (default /var/lib/rabbitmq/ot-cluster), listens on
+# $OT_CLUSTER_BASE/<n> (default /var/lib/rabbitmq/ot-cluster, inside the root:
+# /srv/rabbitmq43/var/lib/rabbitmq/ot-cluster for 4.3), listens on
 # 127.0.0.1 only, and has the management plugin (and the delayed-message
 # plugin when the broker has it). Nodes 2 and 3 join node 1. guest/guest works
 # since every client is local. The main broker (rabbit@localhost, 5672/15672)
@@ -28,15 +38,22 @@
 #                rejoins the cluster by itself), wait until it is back
 #   replace N    after a kill: node N's data is lost; it is forgotten by the
 #                cluster, started empty and joined again (a node replaced)
+#   rebalance    spread the quorum queues' leaders over the running nodes
+#                (rabbitmq-queues rebalance quorum)
 #
-# Environment: OT_CLUSTER_BASE (directory of the nodes' files),
-# OT_CLUSTER_TIMEOUT (seconds to wait for a node, default 90).
+# Environment: OT_CLUSTER_ROOT (the installation, above), OT_CLUSTER_BASE
+# (directory of the nodes' files, as the nodes see it), OT_CLUSTER_TIMEOUT
+# (seconds to wait for a node, default 90).
 set -euo pipefail
 
 BASE=${OT_CLUSTER_BASE:-/var/lib/rabbitmq/ot-cluster}
 TIMEOUT=${OT_CLUSTER_TIMEOUT:-90}
 RABBITMQ_BIN=/usr/lib/rabbitmq/bin
 NODES=(1 2 3)
+# The root of the running cluster's installation, written by start.
+STATE=/run/ot-cluster.root
+# The installation's root, "" for the machine's own: set by pick_root.
+ROOT=
 
 usage() {
     sed -n '/^# Usage:/,/^# Environment:/p' "$0" | sed -e 's/^# \{0,1\}//' | sed '$d'
@@ -44,6 +61,73 @@ usage() {
 
 die() { echo "cluster: $*" >&2; exit 1; }
 say() { echo "cluster: $*"; }
+
+# "" for the machine's own installation, else the root without a trailing /.
+normal_root() {
+    local r=${1%/}
+    echo "$r"
+}
+
+# The root recorded by start, when one is.
+recorded_root() {
+    [ -f "$STATE" ] && cat "$STATE"
+}
+
+# Sets ROOT for command $1: OT_CLUSTER_ROOT when given; otherwise `start`
+# means the machine's installation and every other command the recorded one.
+pick_root() {
+    local cmd=$1 asked recorded
+    asked=$(normal_root "${OT_CLUSTER_ROOT:-}")
+    recorded=$(recorded_root || true)
+    if [ -n "${OT_CLUSTER_ROOT:-}" ]; then
+        ROOT=$asked
+    elif [ "$cmd" = start ]; then
+        ROOT=
+    else
+        ROOT=$recorded
+    fi
+    if [ -f "$STATE" ] && [ "$ROOT" != "$recorded" ] && any_node_up "$recorded"; then
+        die "the cluster running is the one from $(root_words "$recorded") (OT_CLUSTER_ROOT=${recorded:-/}): stop it first (scripts/cluster.sh stop)"
+    fi
+    if [ -n "$ROOT" ]; then
+        [ -x "$ROOT$RABBITMQ_BIN/rabbitmq-server" ] ||
+            die "no RabbitMQ in $ROOT ($ROOT$RABBITMQ_BIN/rabbitmq-server): for 4.3 run ../shared/rabbitmq43/start.sh first"
+    fi
+}
+
+# The installation in root $1, in words.
+root_words() {
+    if [ -n "$1" ]; then echo "$1"; else echo "the machine's installation"; fi
+}
+
+# Where a path of the installation is on this machine.
+host_path() { echo "$ROOT$1"; }
+
+# Runs a command of the installation: chrooted into it, or as it is.
+in_root() {
+    if [ -n "$ROOT" ]; then
+        chroot "$ROOT" "$@"
+    else
+        "$@"
+    fi
+}
+
+# The chroot's /proc and /dev, bind-mounted as ../shared/rabbitmq43/start.sh
+# does (its stop.sh releases them): the Erlang VM needs both.
+mount_root() {
+    [ -n "$ROOT" ] || return 0
+    mountpoint -q "$ROOT/proc" || mount --bind /proc "$ROOT/proc"
+    mountpoint -q "$ROOT/dev" || mount --bind /dev "$ROOT/dev"
+}
+
+# The installation's version, from its package directory (rabbitmq_server-X).
+installed_version() {
+    local d
+    for d in "$(host_path /usr/lib/rabbitmq/lib)"/rabbitmq_server-*; do
+        [ -d "$d" ] && echo "${d##*rabbitmq_server-}" && return 0
+    done
+    echo "?"
+}
 
 # Everything specific to node N, in one place: start and restart both use it.
 node_name() { echo "ot-cluster-$1@localhost"; }
@@ -72,10 +156,11 @@ export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-ot_cluster_node $(node_name "$n")'
 EOF
 }
 
-# The delayed-message plugin, when the broker's plugin directories hold it.
+# The delayed-message plugin, when the broker's plugin directories hold it
+# (never in the 4.3 chroot: the plugin needs Mnesia, which 4.3 removed).
 delayed_plugin_installed() {
     local d
-    for d in /usr/lib/rabbitmq/plugins /usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins; do
+    for d in "$(host_path /usr/lib/rabbitmq/plugins)" "$(host_path /usr/lib/rabbitmq/lib)"/rabbitmq_server-*/plugins; do
         compgen -G "$d/rabbitmq_delayed_message_exchange*" >/dev/null && return 0
     done
     return 1
@@ -84,7 +169,7 @@ delayed_plugin_installed() {
 # Writes node N's files (config, plugins, env file) and its directories.
 prepare_node() {
     local n=$1 dir plugins=rabbitmq_management
-    dir=$(node_dir "$n")
+    dir=$(host_path "$(node_dir "$n")")
     mkdir -p "$dir/mnesia" "$dir/log"
     delayed_plugin_installed && plugins="$plugins,rabbitmq_delayed_message_exchange"
     cat >"$dir/rabbitmq.conf" <<EOF
@@ -97,16 +182,19 @@ EOF
     echo "[$plugins]." >"$dir/enabled_plugins"
     # Replaces /etc/rabbitmq/rabbitmq-env.conf, which names the main node.
     node_env "$n" | sed -e 's/^export //' >"$dir/rabbitmq-env.conf"
-    chown -R rabbitmq:rabbitmq "$BASE"
+    # The installation's rabbitmq user: the chroot's has another uid.
+    in_root chown -R rabbitmq:rabbitmq "$BASE"
 }
 
-# The pid of node N's Erlang VM (beam.smp), found by the RABBITMQ_NODENAME in
-# its environment: rabbitmq-server 3.10 starts distribution from inside the VM,
-# so no -sname is on the command line (only our -ot_cluster_node marker).
+# The pid of node N's Erlang VM (beam.smp) of the installation in root $2
+# (default ROOT), found by the RABBITMQ_NODENAME in its environment and the
+# root it runs in: rabbitmq-server starts distribution from inside the VM, so
+# no -sname is on the command line (only our -ot_cluster_node marker).
 node_pid() {
-    local want pid
+    local want pid root=${2-$ROOT}
     want="RABBITMQ_NODENAME=$(node_name "$1")"
     for pid in $(pgrep -x beam.smp || true); do
+        [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "${root:-/}" ] || continue
         if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "$want"; then
             echo "$pid"
             return 0
@@ -115,26 +203,33 @@ node_pid() {
     return 1
 }
 
-ctl() { rabbitmqctl "$@"; }
+# 0 when a node of the installation in root $1 runs.
+any_node_up() {
+    local n
+    for n in "${NODES[@]}"; do node_pid "$n" "$1" >/dev/null && return 0; done
+    return 1
+}
+
+ctl() { in_root rabbitmqctl "$@"; }
 
 # rabbitmqctl, its output shown only when it fails (join_cluster logs harmless
 # feature-flag warnings and "Failed to create a tracked connection table").
 ctl_quiet() {
     local out
-    out=$(rabbitmqctl "$@" 2>&1) || { echo "$out" >&2; die "rabbitmqctl $* failed"; }
+    out=$(ctl "$@" 2>&1) || { echo "$out" >&2; die "rabbitmqctl $* failed"; }
 }
 
 # 0 when the rabbit application runs on node N.
 app_running() {
-    rabbitmq-diagnostics -q -n "$(node_name "$1")" check_running >/dev/null 2>&1
+    in_root rabbitmq-diagnostics -q -n "$(node_name "$1")" check_running >/dev/null 2>&1
 }
 
 log_tail() {
     local n=$1 f
-    f="$(node_dir "$n")/log/$(node_name "$n").log"
+    f="$(host_path "$(node_dir "$n")")/log/$(node_name "$n").log"
     echo "--- last lines of $f:" >&2
     tail -n 30 "$f" >&2 2>/dev/null || echo "(no log)" >&2
-    f="$(node_dir "$n")/log/startup_log"
+    f="$(host_path "$(node_dir "$n")")/log/startup_log"
     if [ -s "$f" ]; then echo "--- $f:" >&2; tail -n 15 "$f" >&2; fi
 }
 
@@ -164,14 +259,15 @@ check_ports() {
     done
 }
 
-# Starts node N's VM with node_env, detached, as the rabbitmq user.
+# Starts node N's VM with node_env, detached, as the rabbitmq user (of the
+# chroot, in it, for another installation).
 launch() {
     local n=$1 dir
     dir=$(node_dir "$n")
     check_ports "$n"
     # Not /usr/sbin/rabbitmq-server: as the rabbitmq user it writes the main
     # broker's /var/log/rabbitmq/startup_log.
-    su rabbitmq -s /bin/bash -c "cd '$dir' && $(node_env "$n" | tr '\n' ';')
+    in_root su rabbitmq -s /bin/bash -c "cd '$dir' && $(node_env "$n" | tr '\n' ';')
         exec $RABBITMQ_BIN/rabbitmq-server -detached >>'$dir/log/startup_log' 2>&1"
 }
 
@@ -206,6 +302,7 @@ node_arg() {
 
 print_summary() {
     local n
+    echo "RabbitMQ $(installed_version) from $(root_words "$ROOT")"
     echo "AMQP:       $(for n in "${NODES[@]}"; do printf 'amqp://guest:guest@127.0.0.1:%s ' "$(amqp_port "$n")"; done)"
     echo "management: $(for n in "${NODES[@]}"; do printf 'http://127.0.0.1:%s ' "$(mgmt_port "$n")"; done)"
     echo "running nodes (rabbitmqctl -n $(node_name 1) cluster_status):"
@@ -221,8 +318,10 @@ cmd_start() {
         print_summary
         return 0
     fi
-    id rabbitmq >/dev/null 2>&1 || die "no rabbitmq user: is RabbitMQ installed?"
-    [ -x "$RABBITMQ_BIN/rabbitmq-server" ] || die "$RABBITMQ_BIN/rabbitmq-server not found"
+    in_root id rabbitmq >/dev/null 2>&1 || die "no rabbitmq user: is RabbitMQ installed?"
+    [ -x "$(host_path "$RABBITMQ_BIN/rabbitmq-server")" ] || die "$(host_path "$RABBITMQ_BIN/rabbitmq-server") not found"
+    mount_root
+    echo "$ROOT" >"$STATE"
     for n in "${NODES[@]}"; do
         if node_pid "$n" >/dev/null; then continue; fi
         # Only a node that is down gets ports checked and its files (re)written.
@@ -265,7 +364,11 @@ stop_node() {
     local n=$1 pid deadline
     pid=$(node_pid "$n") || return 0
     say "stopping $(node_name "$n")"
-    timeout 60 rabbitmqctl -q -n "$(node_name "$n")" stop >/dev/null 2>&1 || true
+    if [ -n "$ROOT" ]; then
+        timeout 60 chroot "$ROOT" rabbitmqctl -q -n "$(node_name "$n")" stop >/dev/null 2>&1 || true
+    else
+        timeout 60 rabbitmqctl -q -n "$(node_name "$n")" stop >/dev/null 2>&1 || true
+    fi
     deadline=$((SECONDS + 30))
     while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
     if kill -0 "$pid" 2>/dev/null; then
@@ -276,9 +379,11 @@ stop_node() {
 }
 
 cmd_stop() {
-    local n any=
+    local n any= base
+    base=$(host_path "$BASE")
     for n in "${NODES[@]}"; do node_pid "$n" >/dev/null && any=1; done
-    if [ -z "$any" ] && [ ! -e "$BASE" ]; then
+    if [ -z "$any" ] && [ ! -e "$base" ]; then
+        rm -f "$STATE"
         say "nothing running"
         return 0
     fi
@@ -289,14 +394,16 @@ cmd_stop() {
         ! node_pid "$n" >/dev/null || die "$(node_name "$n") is still running"
     done
     case $BASE in
-    /*/*) rm -rf -- "$BASE" ;;
-    *) die "refusing to remove '$BASE'" ;;
+    /*/*) rm -rf -- "$base" ;;
+    *) die "refusing to remove '$base'" ;;
     esac
-    say "stopped; removed $BASE"
+    rm -f "$STATE"
+    say "stopped; removed $base"
 }
 
 cmd_status() {
     local n pid all=0
+    echo "installation: RabbitMQ $(installed_version) from $(root_words "$ROOT")"
     for n in "${NODES[@]}"; do
         if ! pid=$(node_pid "$n"); then
             echo "$(node_name "$n"): down"
@@ -350,7 +457,7 @@ cmd_kill() {
 cmd_restart() {
     local n
     n=$(node_arg "${1:-}")
-    [ -d "$(node_dir "$n")/mnesia" ] || die "$(node_name "$n") has no data in $(node_dir "$n"): use start"
+    [ -d "$(host_path "$(node_dir "$n")")/mnesia" ] || die "$(node_name "$n") has no data in $(node_dir "$n"): use start"
     if node_pid "$n" >/dev/null; then
         say "$(node_name "$n") is already up"
         app_running "$n" || ctl -q -n "$(node_name "$n")" start_app
@@ -376,7 +483,7 @@ cmd_replace() {
     [ -n "$other" ] || die "no other node runs to forget $(node_name "$n")"
     say "$(node_name "$other") forgets $(node_name "$n"); its data is removed"
     ctl_quiet -q -n "$(node_name "$other")" forget_cluster_node "$(node_name "$n")"
-    rm -rf "$(node_dir "$n")"
+    rm -rf "$(host_path "$(node_dir "$n")")"
     prepare_node "$n"
     say "starting $(node_name "$n") empty"
     launch "$n"
@@ -390,12 +497,21 @@ cmd_replace() {
     say "$(node_name "$n") replaced: $(running_nodes "$n" | tr '\n' ' ')"
 }
 
+cmd_rebalance() {
+    local out
+    node_pid 1 >/dev/null || die "$(node_name 1) is not running"
+    out=$(in_root rabbitmq-queues -q -n "$(node_name 1)" rebalance quorum 2>&1) ||
+        { echo "$out" >&2; die "rabbitmq-queues rebalance quorum failed"; }
+    say "quorum queue leaders rebalanced"
+}
+
 main() {
     local cmd=${1:-}
     [ $# -gt 0 ] && shift
     case $cmd in
-    start | stop | status | stop-app | start-app | kill | restart | replace)
+    start | stop | status | stop-app | start-app | kill | restart | replace | rebalance)
         [ "$(id -u)" -eq 0 ] || die "run as root (the nodes run as the rabbitmq user)"
+        pick_root "$cmd"
         ;;
     -h | --help | help)
         usage
@@ -415,6 +531,7 @@ main() {
     kill) cmd_kill "$@" ;;
     restart) cmd_restart "$@" ;;
     replace) cmd_replace "$@" ;;
+    rebalance) cmd_rebalance ;;
     esac
 }
 

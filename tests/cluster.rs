@@ -1,17 +1,24 @@
 //! `make test-cluster`: the service on the three-node RabbitMQ cluster of
-//! `make cluster` (`scripts/cluster.sh`), quorum queues, TTL mode, two `serve`
-//! instances given the cluster's three addresses in different orders, and
-//! PostgreSQL. Two phases of a few thousand orders with deadlines spread over
-//! the run, 10 % paid; in each, the node holding the most quorum-queue leaders
-//! is lost mid-run: first its application is stopped (`rabbitmqctl stop_app`)
-//! and started again, then its Erlang VM is SIGKILLed and the node restarted.
-//! A third phase runs the same in plugin mode and stops the node that holds
-//! the plugin timers instance a's relay published (the plugin keeps them in
-//! that node's table, replicated nowhere): they wait for it.
-//! Then the ledger: nothing lost, nothing early, no paid order cancelled, no
-//! stock released twice, stock conserved, the outbox drained, and the lateness
-//! of the timers that fell due while the node was down. The figures are
-//! printed and written to their section of `docs/RELIABILITY.md`.
+//! `make cluster` (`scripts/cluster.sh`; `RABBITMQ_ROOT=/srv/rabbitmq43` for
+//! RabbitMQ 4.3), quorum queues, two `serve` instances given the cluster's
+//! three addresses in different orders, and PostgreSQL. Phases of a few
+//! thousand orders with deadlines spread over the run, 10 % paid; in each, a
+//! node is lost mid-run ([`LOSSES`]): in TTL mode the node holding the most
+//! quorum-queue leaders, its application stopped (`rabbitmqctl stop_app`) and
+//! started again, then its Erlang VM SIGKILLed and the node restarted; in
+//! plugin mode the node that holds the plugin timers instance a's relay
+//! published (the plugin keeps them in that node's table, replicated
+//! nowhere), stopped, then killed and replaced by an empty node. A mode the
+//! cluster cannot run ([`Mode::unavailable`]: the plugin on 4.3) is skipped,
+//! saying why. Then the ledger: nothing lost, nothing early, no paid order
+//! cancelled, no stock released twice, stock conserved, the outbox drained,
+//! and the lateness of the timers that fell due while the node was down. The
+//! figures are printed and written to the broker series' section of
+//! `docs/RELIABILITY.md`.
+//!
+//! Another delay mode's phases are a [`Mode`] value (its `delay_mode`, when
+//! the cluster can run it, how to read its phases) and their [`Loss`] rows in
+//! [`LOSSES`], a [`Target`] added if they lose another node.
 //!
 //! `#[ignore]` keeps it out of `cargo test`: it needs the cluster, and stops
 //! and kills its nodes.
@@ -65,65 +72,190 @@ fn cluster(args: &[&str]) {
     assert!(status.success(), "scripts/cluster.sh {args:?}");
 }
 
-/// One way a node is lost, and brought back.
+/// A delay mode the service runs in for some phases (`amqp.delay_mode`).
+/// A mode's phases run one after the other, the instances restarted in it
+/// first; a mode the cluster cannot run is skipped, saying why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Loss {
-    /// TTL mode: the node with the most quorum-queue leaders, `rabbitmqctl
-    /// stop_app`, later `start_app`.
-    StopApp,
-    /// TTL mode: the node with the most leaders, SIGKILL of its Erlang VM,
-    /// later a restart of the node.
-    Kill,
-    /// Plugin mode: the node instance a's relay publishes to (where the
-    /// plugin keeps those timers), `stop_app`, later `start_app`.
-    PluginNode,
-    /// Plugin mode: that node killed and replaced by an empty one (its
-    /// data, the plugin's timers with it, lost).
-    PluginNodeReplaced,
+enum Mode {
+    /// Timers in the quorum queues of the TTL levels: replicated.
+    Ttl,
+    /// Timers in the delayed-message plugin's table on the node that
+    /// received them: replicated nowhere.
+    Plugin,
 }
 
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Ttl => "ttl",
+            Self::Plugin => "plugin",
+        }
+    }
+
+    /// Why the cluster cannot run this mode; `None` when it can.
+    fn unavailable(self, broker: &Broker) -> Option<String> {
+        match self {
+            Self::Ttl => None,
+            Self::Plugin if broker.plugin => None,
+            Self::Plugin if broker.at_least(4, 3) => Some(format!(
+                "the delayed-message plugin cannot run on RabbitMQ {} (Khepri only, no Mnesia; the \
+                 plugin is built on Mnesia)",
+                broker.version
+            )),
+            Self::Plugin => {
+                // CI installs the plugin: there a cluster without it is a failure.
+                assert!(
+                    std::env::var_os("ORDER_TIMEOUT_REQUIRE_PLUGIN").is_none(),
+                    "ORDER_TIMEOUT_REQUIRE_PLUGIN is set but the cluster (RabbitMQ {}) offers no \
+                     x-delayed-message exchange type",
+                    broker.version
+                );
+                Some(format!(
+                    "the cluster (RabbitMQ {}) offers no x-delayed-message exchange type \
+                     (rabbitmq_delayed_message_exchange is not installed)",
+                    broker.version
+                ))
+            }
+        }
+    }
+
+    /// How to read this mode's phases, for the report.
+    fn how_to_read(self) -> &'static str {
+        match self {
+            Self::Ttl => {
+                "In TTL mode every timer is a message in a quorum queue, replicated on the three \
+                 nodes, and fires from the others while one is down."
+            }
+            Self::Plugin => {
+                "In plugin mode a timer lives only on the node that received it (the node of the \
+                 relay connection that published it): while that node is stopped its timers wait for \
+                 it and fire late when it is back; when its data is lost they are gone, and the \
+                 sweeper cancels their orders at deadline + grace (the count of orders cancelled by \
+                 the sweeper is the count of timers lost)."
+            }
+        }
+    }
+}
+
+/// What the cluster offers, asked once of its management API.
+struct Broker {
+    /// `4.3.6`, say.
+    version: String,
+    /// The `x-delayed-message` exchange type is there.
+    plugin: bool,
+}
+
+impl Broker {
+    async fn ask() -> Self {
+        let api = cluster_api();
+        Self {
+            version: api.broker_version().await.unwrap_or_else(|_| "?".into()),
+            plugin: api.plugin_available().await.unwrap_or(false),
+        }
+    }
+
+    /// The version is `major.minor` or later.
+    fn at_least(&self, major: u32, minor: u32) -> bool {
+        let mut parts = self
+            .version
+            .split('.')
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let have = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        have >= (major, minor)
+    }
+
+    /// `4.3`, say.
+    fn series(&self) -> String {
+        self.version
+            .split('.')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+}
+
+/// Which node a phase loses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// The node holding the most quorum-queue leaders of the vhost.
+    MostLeaders,
+    /// The node instance a's relay publishes to (where the plugin keeps the
+    /// timers it published).
+    RelayNode,
+}
+
+/// How a phase loses the node, and brings it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// `rabbitmqctl stop_app`, later `start_app`.
+    StopApp,
+    /// SIGKILL of its Erlang VM, later a restart of the node (its data kept).
+    Kill,
+    /// SIGKILL, then its data lost: forgotten by the cluster, and an empty
+    /// node joined in its place.
+    KillAndReplace,
+}
+
+/// One phase: a node lost, and brought back, in a delay mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Loss {
+    /// Its name in `CLUSTER_PHASES` and in the printed figures.
+    name: &'static str,
+    mode: Mode,
+    target: Target,
+    fault: Fault,
+    describe: &'static str,
+}
+
+/// The phases, in order. A mode's phases are consecutive: the instances are
+/// restarted once when the mode changes (the previous stage drained by then).
+const LOSSES: [Loss; 4] = [
+    Loss {
+        name: "stop_app",
+        mode: Mode::Ttl,
+        target: Target::MostLeaders,
+        fault: Fault::StopApp,
+        describe: "application stopped (rabbitmqctl stop_app), then started",
+    },
+    Loss {
+        name: "kill",
+        mode: Mode::Ttl,
+        target: Target::MostLeaders,
+        fault: Fault::Kill,
+        describe: "Erlang VM killed (SIGKILL), then the node restarted",
+    },
+    Loss {
+        name: "plugin_stop_app",
+        mode: Mode::Plugin,
+        target: Target::RelayNode,
+        fault: Fault::StopApp,
+        describe: "plugin mode: the node holding instance a's relay connection (and the plugin timers it \
+                   published) stopped (stop_app), then started",
+    },
+    Loss {
+        name: "plugin_replace",
+        mode: Mode::Plugin,
+        target: Target::RelayNode,
+        fault: Fault::KillAndReplace,
+        describe: "plugin mode: the node holding instance a's relay connection killed (SIGKILL), its data \
+                   (the plugin's timers with it) lost, and an empty node joined in its place",
+    },
+];
+
 impl Loss {
-    fn name(self) -> &'static str {
-        match self {
-            Self::StopApp => "stop_app",
-            Self::Kill => "kill",
-            Self::PluginNode => "plugin_stop_app",
-            Self::PluginNodeReplaced => "plugin_replace",
-        }
-    }
-    fn mode(self) -> &'static str {
-        match self {
-            Self::PluginNode | Self::PluginNodeReplaced => "plugin",
-            _ => "ttl",
-        }
-    }
-    fn describe(self) -> &'static str {
-        match self {
-            Self::StopApp => "application stopped (rabbitmqctl stop_app), then started",
-            Self::Kill => "Erlang VM killed (SIGKILL), then the node restarted",
-            Self::PluginNode => {
-                "plugin mode: the node holding instance a's relay connection (and the plugin timers it \
-                 published) stopped (stop_app), then started"
-            }
-            Self::PluginNodeReplaced => {
-                "plugin mode: the node holding instance a's relay connection killed (SIGKILL), its data \
-                 (the plugin's timers with it) lost, and an empty node joined in its place"
-            }
-        }
-    }
     fn down(self, node: usize) {
         let n = (node + 1).to_string();
-        match self {
-            Self::Kill | Self::PluginNodeReplaced => cluster(&["kill", &n]),
-            _ => cluster(&["stop-app", &n]),
+        match self.fault {
+            Fault::StopApp => cluster(&["stop-app", &n]),
+            Fault::Kill | Fault::KillAndReplace => cluster(&["kill", &n]),
         }
     }
     fn up(self, node: usize) {
         let n = (node + 1).to_string();
-        match self {
-            Self::Kill => cluster(&["restart", &n]),
-            Self::PluginNodeReplaced => cluster(&["replace", &n]),
-            _ => cluster(&["start-app", &n]),
+        match self.fault {
+            Fault::StopApp => cluster(&["start-app", &n]),
+            Fault::Kill => cluster(&["restart", &n]),
+            Fault::KillAndReplace => cluster(&["replace", &n]),
         }
     }
 }
@@ -182,56 +314,83 @@ async fn losing_a_node_loses_nothing() {
     let rate = env_or("CLUSTER_ORDERS_PER_SECOND", 80);
     let started_at = chrono::Utc::now();
     let world = Arc::new(setup().await);
-    let instances = Mutex::new(Vec::new());
-    start_instances(&world, &instances, "ttl").await;
-    // Spread the queue leaders over the nodes, as an operator of a cluster
-    // does after declaring quorum queues (they start on the declaring node).
-    let rebalance = Command::new("rabbitmq-queues")
-        .args(["-n", NODES[0].1, "rebalance", "quorum"])
-        .output()
-        .expect("rabbitmq-queues");
-    assert!(rebalance.status.success(), "{rebalance:?}");
-    let nodes = [
-        connected_nodes(&world, 0).await,
-        connected_nodes(&world, 1).await,
-    ];
-    println!("cluster: instance a on {}, b on {}", nodes[0], nodes[1]);
-    put_stock(&world.client, &world.base(0)).await;
-
-    let mut phases = Vec::new();
+    let broker = Broker::ask().await;
+    println!("cluster: RabbitMQ {}", broker.version);
     // CLUSTER_PHASES (say `kill` or `stop_app,kill`) runs some phases only.
     let only = std::env::var("CLUSTER_PHASES").unwrap_or_default();
-    let mut plugin_started = false;
-    for loss in [
-        Loss::StopApp,
-        Loss::Kill,
-        Loss::PluginNode,
-        Loss::PluginNodeReplaced,
-    ] {
-        if !only.is_empty() && !only.split(',').any(|p| p.trim() == loss.name()) {
+    let mut losses = Vec::new();
+    let mut skipped: Vec<(Mode, Vec<&str>, String)> = Vec::new();
+    for loss in LOSSES {
+        if !only.is_empty() && !only.split(',').any(|p| p.trim() == loss.name) {
             continue;
         }
-        if loss.mode() == "plugin" && !plugin_started {
-            plugin_started = true;
-            // A restart in the other mode: the TTL stage is drained by now.
-            start_instances(&world, &instances, loss.mode()).await;
+        match loss.mode.unavailable(&broker) {
+            None => losses.push(loss),
+            Some(why) => match skipped.iter_mut().find(|(m, _, _)| *m == loss.mode) {
+                Some((_, names, _)) => names.push(loss.name),
+                None => skipped.push((loss.mode, vec![loss.name], why)),
+            },
+        }
+    }
+    for (mode, names, why) in &skipped {
+        // Written to stderr too: a skipped phase must say so.
+        let line = format!(
+            "SKIPPED ({} mode: {}): {why}",
+            mode.as_str(),
+            names.join(", ")
+        );
+        println!("cluster: {line}");
+        eprintln!("{line}");
+    }
+    let instances = Mutex::new(Vec::new());
+    let mut nodes = None;
+    let mut mode = None;
+    let mut phases = Vec::new();
+    for loss in losses {
+        if mode != Some(loss.mode) {
+            mode = Some(loss.mode);
+            // A restart in the other mode: the previous stage is drained by now.
+            start_instances(&world, &instances, loss.mode).await;
+            // Spread the queue leaders over the nodes, as an operator of a
+            // cluster does after declaring quorum queues (they start on the
+            // declaring node).
+            cluster(&["rebalance"]);
+            if nodes.is_none() {
+                let at = [
+                    connected_nodes(&world, 0).await,
+                    connected_nodes(&world, 1).await,
+                ];
+                println!("cluster: instance a on {}, b on {}", at[0], at[1]);
+                put_stock(&world.client, &world.base(0)).await;
+                nodes = Some(at);
+            }
         }
         phases.push(phase(&world, loss, per_phase, rate).await);
     }
+    let nodes = nodes.expect("no phase ran: CLUSTER_PHASES names none the cluster can run");
 
-    let report =
-        ledger_and_report(&world, &phases, &nodes, started_at, rate, only.is_empty()).await;
+    let report = ledger_and_report(
+        &world,
+        &broker,
+        &phases,
+        &skipped,
+        &nodes,
+        started_at,
+        rate,
+        only.is_empty(),
+    )
+    .await;
     drop(instances.lock().await.drain(..).collect::<Vec<Process>>());
     teardown(&world).await;
     report.assert_balances();
 }
 
 /// (Re)starts both instances in `mode` and waits until they are ready.
-async fn start_instances(world: &World, instances: &Mutex<Vec<Process>>, mode: &str) {
+async fn start_instances(world: &World, instances: &Mutex<Vec<Process>>, mode: Mode) {
     let mut all = instances.lock().await;
     all.clear();
     for i in 0..2 {
-        let mut p = world.start(i, mode);
+        let mut p = world.start(i, mode.as_str());
         p.wait_ready(&world.client, Duration::from_secs(90))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -409,9 +568,9 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
     // while the first deadlines fall due, for 20 s.
     tokio::time::sleep(Duration::from_millis(count * 1_000 / rate / 3 + 10_000)).await;
     let leaders_before = leaders(&world.vhost).await;
-    let node = match loss {
-        Loss::PluginNode | Loss::PluginNodeReplaced => relay_node(world).await,
-        _ => (0..3).max_by_key(|i| leaders_before[*i]).unwrap_or(0),
+    let node = match loss.target {
+        Target::RelayNode => relay_node(world).await,
+        Target::MostLeaders => (0..3).max_by_key(|i| leaders_before[*i]).unwrap_or(0),
     };
     let down_from = chrono::Utc::now();
     let lost_at = Instant::now();
@@ -422,18 +581,16 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
     );
     loss.down(node);
     println!(
-        "cluster: {} of node {} ({} leaders of {:?}); connections before: {before}",
-        loss.describe(),
-        NODES[node].1,
-        leaders_before[node],
-        leaders_before,
+        "cluster: {}: {} of node {} ({} leaders of {:?}); connections before: {before}",
+        loss.name, loss.describe, NODES[node].1, leaders_before[node], leaders_before,
     );
     // The scenario: the node is away 20 s; where the timers wait is looked
     // at 5 and 15 s in.
     for (wait, at) in [(5, 5), (10, 15)] {
         tokio::time::sleep(Duration::from_secs(wait)).await;
         println!(
-            "cluster: timers waiting {at} s into the loss: {}",
+            "cluster: {}: timers waiting {at} s into the loss: {}",
+            loss.name,
             waiting(&world.vhost, node).await
         );
     }
@@ -443,12 +600,18 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
         connected_nodes(world, 0).await,
         connected_nodes(world, 1).await
     );
-    println!("cluster: connections while it is down: {after}");
+    println!(
+        "cluster: {}: connections while it is down: {after}",
+        loss.name
+    );
     let after = format!("before the loss {before}; while the node was down {after}");
     loss.up(node);
     let down_for = lost_at.elapsed();
     let down_until = chrono::Utc::now();
-    println!("cluster: node {} back after {down_for:?}", NODES[node].1);
+    println!(
+        "cluster: {}: node {} back after {down_for:?}",
+        loss.name, NODES[node].1
+    );
     generator.await.unwrap();
     let placed = placed.lock().await.clone();
     // Longest window 50 s, grace 30 s, interval 5 s.
@@ -492,9 +655,12 @@ impl Verdict {
 }
 
 /// Prints every figure and writes the cluster's section of `docs/RELIABILITY.md`.
+#[allow(clippy::too_many_arguments)]
 async fn ledger_and_report(
     world: &World,
+    broker: &Broker,
     phases: &[Phase],
+    skipped: &[(Mode, Vec<&str>, String)],
     nodes: &[String; 2],
     started_at: chrono::DateTime<chrono::Utc>,
     rate: u64,
@@ -522,8 +688,8 @@ async fn ledger_and_report(
             .collect();
         if !swept.is_empty() {
             println!(
-                "cluster: {:?}: the sweeper's orders were due at (s after the node was lost) {}{}",
-                p.loss,
+                "cluster: {}: the sweeper's orders were due at (s after the node was lost) {}{}",
+                p.loss.name,
                 swept.iter().take(20).cloned().collect::<Vec<_>>().join(" "),
                 if swept.len() > 20 { " …" } else { "" }
             );
@@ -550,21 +716,21 @@ async fn ledger_and_report(
             ("lateness, every cancel of the phase", percentiles(all)),
         ];
         for (k, v) in &rows {
-            println!("cluster: {:?}: {k:<62} {v}", p.loss);
+            println!("cluster: {}: {k:<62} {v}", p.loss.name);
         }
-        bad.push((format!("{:?}: lost", p.loss), e.lost));
-        bad.push((format!("{:?}: early", p.loss), e.early));
+        bad.push((format!("{}: lost", p.loss.name), e.lost));
+        bad.push((format!("{}: early", p.loss.name), e.early));
         bad.push((
-            format!("{:?}: paid then cancelled", p.loss),
+            format!("{}: paid then cancelled", p.loss.name),
             e.paid_then_cancelled,
         ));
-        bad.push((format!("{:?}: released twice", p.loss), e.double_release));
+        bad.push((format!("{}: released twice", p.loss.name), e.double_release));
         sections.push(format!(
             "### Node {} lost: {}\n\nLeaders per node before: {:?}; the node was down for {:.1} s. \
              Connections {}.\n\n\
              | figure | value |\n|---|---|\n{}",
             p.node + 1,
-            p.loss.describe(),
+            p.loss.describe,
             p.leaders_before,
             p.down_for.as_secs_f64(),
             p.after,
@@ -586,13 +752,44 @@ async fn ledger_and_report(
     println!(
         "cluster: stock conserved {stock_ok}, parked {parked}, outbox left/set aside {outbox:?}"
     );
-    let rabbit = cluster_api()
-        .broker_version()
-        .await
-        .unwrap_or_else(|_| "?".to_string());
+    let rabbit = &broker.version;
+    // The phases that ran, mode by mode, and how to read each mode's.
+    let mut modes: Vec<Mode> = Vec::new();
+    for p in phases {
+        if !modes.contains(&p.loss.mode) {
+            modes.push(p.loss.mode);
+        }
+    }
+    let scenario = modes
+        .iter()
+        .map(|m| {
+            let losses: Vec<&str> = phases
+                .iter()
+                .filter(|p| p.loss.mode == *m)
+                .map(|p| p.loss.describe)
+                .collect();
+            format!("in {} mode: {}", m.as_str(), losses.join("; "))
+        })
+        .collect::<Vec<_>>()
+        .join("; then, the instances restarted, ");
+    let how_to_read = modes
+        .iter()
+        .map(|m| m.how_to_read())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let skipped_text: String = skipped
+        .iter()
+        .map(|(m, names, why)| {
+            format!(
+                "\n\nSkipped: the {} mode's phases ({}): {why}.",
+                m.as_str(),
+                names.join(", ")
+            )
+        })
+        .collect();
     let text = format!(
-        "## Losing a node of a three-node cluster\n\n\
-         Produced by `make test-cluster` (`make cluster`, then `cargo test --release --test cluster -- \
+        "## Losing a node of a three-node {title}cluster\n\n\
+         Produced by `make test-cluster{make_root}` (`make cluster`, then `cargo test --release --test cluster -- \
          --ignored --nocapture`), {started}, on the 2-core machine: three RabbitMQ {rabbit} nodes of one \
          cluster on this machine, quorum queues (leaders rebalanced), PostgreSQL, two `serve` \
          instances given the three addresses in different orders (connections at the start: a: {a}; \
@@ -600,18 +797,9 @@ async fn ledger_and_report(
          by its own message or by the sweeper, so that what the broker delivered is what is \
          measured). Each phase: orders at about {rate}/s, windows of 10 to 50 s, every tenth paid a \
          third of the way into its window, and a node lost for 20 s (plus the time stopping and \
-         starting it takes) while deadlines fall due: in TTL mode the node holding the most \
-         quorum-queue leaders, stopped, then killed; then, the instances restarted in plugin mode, \
-         the node holding instance a's relay connection, where the plugin keeps the timers that \
-         relay published, stopped, then killed and replaced by an empty node.\n\n\
-         How to read it: in TTL mode every timer is a message in a quorum queue, replicated on \
-         the three nodes, and fires from the others while one is down. In plugin mode a timer \
-         lives only on the node that received it (the node of the relay connection that \
-         published it): while that node is stopped its timers wait for it and fire late when it \
-         is back; when its data is lost they are gone, and the sweeper cancels their orders at \
-         deadline + grace (the count of orders cancelled by the sweeper is the count of timers \
-         lost). Nothing is lost to the shop either way: the database decides, and the sweeper \
-         covers what the broker dropped.\n\n{phases}\n\n\
+         starting it takes) while deadlines fall due: {scenario}.{skipped_text}\n\n\
+         How to read it: {how_to_read} Nothing is lost to the shop either way: the database \
+         decides, and the sweeper covers what the broker dropped.\n\n{phases}\n\n\
          ### After every phase\n\n\
          Stock conserved and matching the paid orders: {stock_ok}. Parked messages: {parked}. \
          Outbox rows left unpublished / set aside: {} / {}.\n\n\
@@ -619,6 +807,12 @@ async fn ledger_and_report(
          |---|---|---|---|---|---|\n{stock}\n",
         outbox.0,
         outbox.1,
+        title = section_title(broker),
+        make_root = if broker.at_least(4, 3) {
+            " RABBITMQ_ROOT=/srv/rabbitmq43"
+        } else {
+            ""
+        },
         started = started_at.format("%Y-%m-%d %H:%M UTC"),
         a = nodes[0],
         b = nodes[1],
@@ -626,7 +820,7 @@ async fn ledger_and_report(
         stock = stock_lines.join("\n"),
     );
     if write {
-        write_section("cluster", &text);
+        write_section(&section_name(broker), &text);
     } else {
         println!("cluster: some phases only (CLUSTER_PHASES): docs/RELIABILITY.md left as it was");
     }
@@ -635,6 +829,23 @@ async fn ledger_and_report(
         stock_ok,
         parked,
         outbox,
+    }
+}
+
+/// The section of `docs/RELIABILITY.md` a run writes: one per broker series,
+/// `cluster` for the machine's 3.10.
+fn section_name(broker: &Broker) -> String {
+    match broker.series().as_str() {
+        "3.10" => "cluster".to_string(),
+        series => format!("cluster-{series}"),
+    }
+}
+
+/// "RabbitMQ 4.3 " in the section's title, nothing for 3.10.
+fn section_title(broker: &Broker) -> String {
+    match broker.series().as_str() {
+        "3.10" => String::new(),
+        series => format!("RabbitMQ {series} "),
     }
 }
 
