@@ -82,6 +82,9 @@ enum Mode {
     /// Timers in the delayed-message plugin's table on the node that
     /// received them: replicated nowhere.
     Plugin,
+    /// Timers held by the quorum queue `<prefix>.wait` until their time
+    /// (RabbitMQ 4.3 and later): replicated, released by the deferrer.
+    Native,
 }
 
 impl Mode {
@@ -89,6 +92,7 @@ impl Mode {
         match self {
             Self::Ttl => "ttl",
             Self::Plugin => "plugin",
+            Self::Native => "native",
         }
     }
 
@@ -96,6 +100,20 @@ impl Mode {
     fn unavailable(self, broker: &Broker) -> Option<String> {
         match self {
             Self::Ttl => None,
+            Self::Native if broker.at_least(4, 3) => None,
+            Self::Native => {
+                // CI runs the cluster on RabbitMQ 4.3 too: there it must run.
+                assert!(
+                    std::env::var_os("ORDER_TIMEOUT_REQUIRE_NATIVE").is_none(),
+                    "ORDER_TIMEOUT_REQUIRE_NATIVE is set but the cluster is RabbitMQ {}",
+                    broker.version
+                );
+                Some(format!(
+                    "RabbitMQ {}'s quorum queues hold no message until a time (native mode needs \
+                     RabbitMQ 4.3 or later)",
+                    broker.version
+                ))
+            }
             Self::Plugin if broker.plugin => None,
             Self::Plugin if broker.at_least(4, 3) => Some(format!(
                 "the delayed-message plugin cannot run on RabbitMQ {} (Khepri only, no Mnesia; the \
@@ -132,6 +150,12 @@ impl Mode {
                  it and fire late when it is back; when its data is lost they are gone, and the \
                  sweeper cancels their orders at deadline + grace (the count of orders cancelled by \
                  the sweeper is the count of timers lost)."
+            }
+            Self::Native => {
+                "In native mode every timer is held by one quorum queue, replicated on the three \
+                 nodes, until its delivery time; each instance's deferrer (AMQP 1.0, on one node) \
+                 releases it into the due exchange. Losing the queue's leader moves the held timers \
+                 to a new leader; losing the deferrer's node reconnects it to another."
             }
         }
     }
@@ -182,6 +206,10 @@ enum Target {
     /// The node instance a's relay publishes to (where the plugin keeps the
     /// timers it published).
     RelayNode,
+    /// The node holding the leader of the native stage's queue `<prefix>.wait`.
+    WaitLeader,
+    /// The node instance a's deferrer is connected to (its AMQP 1.0 link).
+    DeferrerNode,
 }
 
 /// How a phase loses the node, and brings it back.
@@ -209,7 +237,7 @@ struct Loss {
 
 /// The phases, in order. A mode's phases are consecutive: the instances are
 /// restarted once when the mode changes (the previous stage drained by then).
-const LOSSES: [Loss; 4] = [
+const LOSSES: [Loss; 6] = [
     Loss {
         name: "stop_app",
         mode: Mode::Ttl,
@@ -239,6 +267,22 @@ const LOSSES: [Loss; 4] = [
         fault: Fault::KillAndReplace,
         describe: "plugin mode: the node holding instance a's relay connection killed (SIGKILL), its data \
                    (the plugin's timers with it) lost, and an empty node joined in its place",
+    },
+    Loss {
+        name: "native_stop_app",
+        mode: Mode::Native,
+        target: Target::WaitLeader,
+        fault: Fault::StopApp,
+        describe: "native mode: the node holding the leader of the wait queue (every held timer) stopped \
+                   (stop_app), then started",
+    },
+    Loss {
+        name: "native_kill",
+        mode: Mode::Native,
+        target: Target::DeferrerNode,
+        fault: Fault::Kill,
+        describe: "native mode: the node instance a's deferrer is connected to killed (SIGKILL), then \
+                   the node restarted",
     },
 ];
 
@@ -452,7 +496,7 @@ async fn setup() -> World {
 async fn connected_nodes(world: &World, i: usize) -> String {
     let ready = get_json(&world.client, &format!("{}/readyz", world.base(i))).await;
     let nodes = &ready["broker"]["nodes"];
-    ["relay", "router", "consumer"]
+    ["relay", "router", "consumer", "deferrer"]
         .iter()
         .map(|role| format!("{role} {}", nodes[role].as_str().unwrap_or("-")))
         .collect::<Vec<_>>()
@@ -471,7 +515,7 @@ async fn waiting(vhost: &str, lost: usize) -> String {
     // Asked of a node that is up: the lost one answers nothing.
     let queues = cluster_api_on((lost + 1) % NODES.len())
         .get(&format!(
-            "/queues/{vhost}?columns=name,messages,messages_ready,messages_unacknowledged,messages_dlx,leader,members,online"
+            "/queues/{vhost}?columns=name,messages,messages_ready,messages_unacknowledged,messages_delayed,messages_dlx,leader,members,online"
         ))
         .await
         .unwrap_or_default();
@@ -483,10 +527,11 @@ async fn waiting(vhost: &str, lost: usize) -> String {
         .filter(|q| q["messages"].as_u64().unwrap_or(0) + dead_lettered(q) > 0)
         .map(|q| {
             format!(
-                "{} {} ({} unacked, {} dead-lettered not yet in the next queue, leader {}, {} of {} members online)",
+                "{} {} ({} unacked, {} held until their time, {} dead-lettered not yet in the next queue, leader {}, {} of {} members online)",
                 q["name"].as_str().unwrap_or("?"),
                 q["messages"],
                 q["messages_unacknowledged"],
+                q["messages_delayed"].as_u64().unwrap_or(0),
                 dead_lettered(q),
                 q["leader"].as_str().unwrap_or("?"),
                 q["online"].as_array().map_or(0, Vec::len),
@@ -497,16 +542,27 @@ async fn waiting(vhost: &str, lost: usize) -> String {
     busy.join(", ")
 }
 
-/// The node instance a's relay is connected to.
-async fn relay_node(world: &World) -> usize {
+/// The node instance a's `role` is connected to.
+async fn role_node(world: &World, role: &str) -> usize {
     let ready = get_json(&world.client, &format!("{}/readyz", world.base(0))).await;
-    let at = ready["broker"]["nodes"]["relay"]
-        .as_str()
-        .unwrap_or_default();
+    let at = ready["broker"]["nodes"][role].as_str().unwrap_or_default();
     NODES
         .iter()
         .position(|(port, _)| at.ends_with(&format!(":{port}")))
-        .unwrap_or_else(|| panic!("instance a's relay on no node of the cluster: {ready}"))
+        .unwrap_or_else(|| panic!("instance a's {role} on no node of the cluster: {ready}"))
+}
+
+/// The node holding the leader of the native stage's queue.
+async fn wait_leader(vhost: &str) -> usize {
+    let queue = cluster_api()
+        .get(&format!("/queues/{vhost}/order.timeouts.wait"))
+        .await
+        .unwrap_or_else(|e| panic!("the wait queue: {e}"));
+    let leader = queue["leader"].as_str().unwrap_or_default();
+    NODES
+        .iter()
+        .position(|(_, n)| *n == leader)
+        .unwrap_or_else(|| panic!("the wait queue's leader on no node of the cluster: {queue}"))
 }
 
 /// Quorum-queue leaders of the vhost per node.
@@ -569,7 +625,9 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
     tokio::time::sleep(Duration::from_millis(count * 1_000 / rate / 3 + 10_000)).await;
     let leaders_before = leaders(&world.vhost).await;
     let node = match loss.target {
-        Target::RelayNode => relay_node(world).await,
+        Target::RelayNode => role_node(world, "relay").await,
+        Target::DeferrerNode => role_node(world, "deferrer").await,
+        Target::WaitLeader => wait_leader(&world.vhost).await,
         Target::MostLeaders => (0..3).max_by_key(|i| leaders_before[*i]).unwrap_or(0),
     };
     let down_from = chrono::Utc::now();
