@@ -30,9 +30,10 @@ use fe2o3_amqp::types::messaging::annotations::OwnedKey;
 use fe2o3_amqp::types::messaging::{Body, Message, Modified};
 use fe2o3_amqp::types::primitives::{OrderedMap, Symbol, Value};
 use fe2o3_amqp::{Connection as Amqp10, Receiver, Session};
-use lapin::Connection;
+use futures_util::StreamExt;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
+use lapin::{Connection, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
@@ -254,19 +255,25 @@ async fn queue_exists(conn: &Connection, queue: &str) -> Result<bool, lapin::Err
     }
 }
 
-/// Runs the deferrer until shutdown or a failure. Outside native mode it
-/// works only while `<prefix>.wait` exists (timers left by native mode, still
-/// draining); otherwise it waits for shutdown, having nothing to do.
+/// Runs the deferrer until shutdown or a failure, of its AMQP 1.0 connection
+/// or of its AMQP 0-9-1 one (`conn`, which it keeps: `/readyz` reports the
+/// role down with it, and a reconnect looks for the queue again). Outside
+/// native mode it works only while `<prefix>.wait` exists (timers left by
+/// native mode, still draining); otherwise it only watches `conn`.
 pub async fn run(
     ctx: Arc<Context>,
     conn: Arc<Connection>,
     mode: Mode,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    let mut events = conn.events_listener();
     if mode != Mode::Native && !queue_exists(&conn, &ctx.names.wait()).await? {
-        let _ = conn.close(200, "no native stage".into()).await;
-        shutdown.cancelled().await;
-        return Ok(());
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                event = events.next() => connection_event(event)?,
+            }
+        }
     }
     let node = ctx
         .health
@@ -276,17 +283,28 @@ pub async fn run(
         .and_then(|(_, node)| node);
     let name = super::connection_name(&ctx.settings.amqp, "deferrer");
     let mut connection = open_any(&ctx.settings.amqp, node.as_deref(), &name).await?;
-    let result = session(&ctx, &mut connection, &ctx.names, &shutdown).await;
+    let result = session(&ctx, &mut connection, &mut events, &shutdown).await;
     let _ = connection.close().await;
     result
+}
+
+/// What an event of the AMQP 0-9-1 connection means: its error or its end
+/// stop the deferrer (its supervisor reconnects).
+fn connection_event(event: Option<Event>) -> Result<(), Error> {
+    match event {
+        Some(Event::Error(e)) => Err(e.into()),
+        Some(_) => Ok(()),
+        None => Err(Error::ConnectionEnded),
+    }
 }
 
 async fn session(
     ctx: &Context,
     connection: &mut ConnectionHandle<()>,
-    names: &Names,
+    events: &mut (impl futures_util::Stream<Item = Event> + Unpin),
     shutdown: &CancellationToken,
 ) -> Result<(), Error> {
+    let names = &ctx.names;
     let mut session: SessionHandle<()> = Session::begin(connection)
         .await
         .map_err(|e| amqp10("session", e))?;
@@ -301,6 +319,10 @@ async fn session(
     let result = loop {
         let delivery = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
+            event = events.next() => match connection_event(event) {
+                Ok(()) => continue,
+                Err(e) => break Err(e),
+            },
             d = receiver.recv::<Body<Value>>() => match d {
                 Ok(d) => d,
                 Err(e) => break Err(amqp10(&format!("receive from {}", names.wait()), e)),
