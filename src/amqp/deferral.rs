@@ -271,7 +271,7 @@ pub async fn run(
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                event = events.next() => connection_event(event)?,
+                event = events.next() => connection_event(&conn, event)?,
             }
         }
     }
@@ -283,15 +283,18 @@ pub async fn run(
         .and_then(|(_, node)| node);
     let name = super::connection_name(&ctx.settings.amqp, "deferrer");
     let mut connection = open_any(&ctx.settings.amqp, node.as_deref(), &name).await?;
-    let result = session(&ctx, &mut connection, &mut events, &shutdown).await;
+    let result = session(&ctx, &conn, &mut connection, &mut events, &shutdown).await;
     let _ = connection.close().await;
     result
 }
 
-/// What an event of the AMQP 0-9-1 connection means: its error or its end
-/// stop the deferrer (its supervisor reconnects).
-fn connection_event(event: Option<Event>) -> Result<(), Error> {
+/// What an event of the AMQP 0-9-1 connection `conn` means: its end, or an
+/// error that took it down, stop the deferrer (its supervisor reconnects).
+/// A channel's error leaves the connection up (the 404 of the passive
+/// declare that looked for the queue, say) and changes nothing.
+fn connection_event(conn: &Connection, event: Option<Event>) -> Result<(), Error> {
     match event {
+        Some(Event::Error(_)) if conn.status().connected() => Ok(()),
         Some(Event::Error(e)) => Err(e.into()),
         Some(_) => Ok(()),
         None => Err(Error::ConnectionEnded),
@@ -300,6 +303,7 @@ fn connection_event(event: Option<Event>) -> Result<(), Error> {
 
 async fn session(
     ctx: &Context,
+    conn: &Connection,
     connection: &mut ConnectionHandle<()>,
     events: &mut (impl futures_util::Stream<Item = Event> + Unpin),
     shutdown: &CancellationToken,
@@ -319,7 +323,7 @@ async fn session(
     let result = loop {
         let delivery = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
-            event = events.next() => match connection_event(event) {
+            event = events.next() => match connection_event(conn, event) {
                 Ok(()) => continue,
                 Err(e) => break Err(e),
             },
