@@ -320,7 +320,25 @@ async fn x_delay_sign(backend: Backend, mode: DelayMode) {
         assert_cancelled_once_by_timer(&app, id).await;
     }
 
-    // What the consumer was handed, seen through the spy.
+    // What the consumer was handed, seen through the spy, once both copies
+    // are there: the first due timer may cancel both orders (catch-up) while
+    // the management API's publish is still on its way on a busy machine.
+    wait_until(
+        Duration::from_secs(10),
+        "both copies in the spy",
+        || async {
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            let q = channel
+                .queue_declare(spy.into(), passive, FieldTable::default())
+                .await
+                .unwrap();
+            (q.message_count() == 2).then_some(())
+        },
+    )
+    .await;
     let mut seen = std::collections::HashMap::new();
     while let Some(msg) = channel
         .basic_get(spy.into(), Default::default())
