@@ -45,6 +45,9 @@ use crate::settings::AmqpSettings;
 /// How many timers the broker may send ahead of the deferrer's settling them.
 const CREDIT: u32 = 1000;
 
+/// How long closing the AMQP 1.0 link, session and connection may take.
+const CLOSE_WITHIN: Duration = Duration::from_secs(2);
+
 /// Annotation counting how many times the deferrer held a timer: one that
 /// comes back with it set, before its time by this host's clock, was let go
 /// early by the broker.
@@ -266,12 +269,15 @@ pub async fn run(
     mode: Mode,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    // Listened to from here on: the passive declare's 404, a channel's error,
+    // is behind it.
+    let idle = mode != Mode::Native && !queue_exists(&conn, &ctx.names.wait()).await?;
     let mut events = conn.events_listener();
-    if mode != Mode::Native && !queue_exists(&conn, &ctx.names.wait()).await? {
+    if idle {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                event = events.next() => connection_event(&conn, event)?,
+                event = events.next() => connection_event(event)?,
             }
         }
     }
@@ -283,18 +289,15 @@ pub async fn run(
         .and_then(|(_, node)| node);
     let name = super::connection_name(&ctx.settings.amqp, "deferrer");
     let mut connection = open_any(&ctx.settings.amqp, node.as_deref(), &name).await?;
-    let result = session(&ctx, &conn, &mut connection, &mut events, &shutdown).await;
-    let _ = connection.close().await;
+    let result = session(&ctx, &mut connection, &mut events, &shutdown).await;
+    let _ = tokio::time::timeout(CLOSE_WITHIN, connection.close()).await;
     result
 }
 
-/// What an event of the AMQP 0-9-1 connection `conn` means: its end, or an
-/// error that took it down, stop the deferrer (its supervisor reconnects).
-/// A channel's error leaves the connection up (the 404 of the passive
-/// declare that looked for the queue, say) and changes nothing.
-fn connection_event(conn: &Connection, event: Option<Event>) -> Result<(), Error> {
+/// What an event of the AMQP 0-9-1 connection means: an error or its end
+/// stop the deferrer (its supervisor reconnects both connections).
+fn connection_event(event: Option<Event>) -> Result<(), Error> {
     match event {
-        Some(Event::Error(_)) if conn.status().connected() => Ok(()),
         Some(Event::Error(e)) => Err(e.into()),
         Some(_) => Ok(()),
         None => Err(Error::ConnectionEnded),
@@ -303,7 +306,6 @@ fn connection_event(conn: &Connection, event: Option<Event>) -> Result<(), Error
 
 async fn session(
     ctx: &Context,
-    conn: &Connection,
     connection: &mut ConnectionHandle<()>,
     events: &mut (impl futures_util::Stream<Item = Event> + Unpin),
     shutdown: &CancellationToken,
@@ -323,7 +325,7 @@ async fn session(
     let result = loop {
         let delivery = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
-            event = events.next() => match connection_event(conn, event) {
+            event = events.next() => match connection_event(event) {
                 Ok(()) => continue,
                 Err(e) => break Err(e),
             },
@@ -350,8 +352,13 @@ async fn session(
             break Err(amqp10(&format!("settle on {}", names.wait()), e));
         }
     };
-    let _ = receiver.close().await;
-    let _ = session.end().await;
+    // Bounded: on a connection the broker has dropped, a detach or an end
+    // would wait for an answer that never comes.
+    let _ = tokio::time::timeout(CLOSE_WITHIN, async {
+        let _ = receiver.close().await;
+        let _ = session.end().await;
+    })
+    .await;
     result
 }
 
