@@ -417,7 +417,7 @@ async fn try_deferral(
         )
         .await
         .map_err(|e| e.to_string())?;
-    let mut connection = open_any(settings, None, &connection_probe_name(settings))
+    let mut connection = open_any(settings, None, &super::connection_name(settings, "probe"))
         .await
         .map_err(|e| format!("no AMQP 1.0 ({e})"))?;
     let result = async {
@@ -461,10 +461,6 @@ async fn try_deferral(
     .await;
     let _ = connection.close().await;
     result
-}
-
-fn connection_probe_name(settings: &AmqpSettings) -> String {
-    super::connection_name(settings, "probe")
 }
 
 #[cfg(test)]
