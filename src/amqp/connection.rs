@@ -6,10 +6,30 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::options::{BasicQosOptions, ConfirmSelectOptions};
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection, ConnectionProperties, Event};
 
+use super::Error;
 pub use crate::backoff::{Backoff, pause};
 use crate::settings::{AmqpSettings, redact_url};
+
+/// What an event of a role's own connection means to the role listening for
+/// it: the connection's error or end stop the role (its supervisor
+/// reconnects); a block by a resource alarm goes to `blocked`; the rest is
+/// nothing. A channel's error is its channel's, not an event here.
+pub(super) fn connection_event(
+    event: Option<Event>,
+    blocked: impl FnOnce(&str),
+) -> Result<(), Error> {
+    match event {
+        Some(Event::Error(e)) => Err(e.into()),
+        Some(Event::ConnectionBlocked(reason)) => {
+            blocked(&reason);
+            Ok(())
+        }
+        Some(_) => Ok(()),
+        None => Err(Error::ConnectionEnded),
+    }
+}
 
 /// Opens a connection whose name shows in the management UI as
 /// `order-timeout <instance> <role>`, so operators (and tests) can tell ours apart.

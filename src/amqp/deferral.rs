@@ -294,14 +294,11 @@ pub async fn run(
     result
 }
 
-/// What an event of the AMQP 0-9-1 connection means: an error or its end
-/// stop the deferrer (its supervisor reconnects both connections).
+/// An event of the AMQP 0-9-1 connection (its error or end stop the
+/// deferrer, whose supervisor reconnects both connections; it publishes
+/// nothing there, so a block is nothing to it).
 fn connection_event(event: Option<Event>) -> Result<(), Error> {
-    match event {
-        Some(Event::Error(e)) => Err(e.into()),
-        Some(_) => Ok(()),
-        None => Err(Error::ConnectionEnded),
-    }
+    super::connection::connection_event(event, |_| {})
 }
 
 async fn session(

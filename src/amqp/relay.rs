@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::topology::{Mode, delay_route, into_stage};
 use super::wire::{self, TimeoutMessage};
-use super::{Backoff, Error, confirmed as amqp_confirmed, pause, publish_options};
+use super::{Backoff, Error, confirmed as amqp_confirmed, connection, pause, publish_options};
 use crate::context::Context;
 use crate::control::Pausable;
 use crate::db::clock;
@@ -133,18 +133,11 @@ pub async fn run(
     }
 }
 
-/// What an event of the relay's connection means: an error or its end stop
-/// the relay (its supervisor reconnects); a block is reported.
+/// An event of the relay's connection: a block is reported.
 fn connection_event(ctx: &Context, event: Option<Event>) -> Result<(), Error> {
-    match event {
-        Some(Event::Error(e)) => Err(e.into()),
-        Some(Event::ConnectionBlocked(reason)) => {
-            ctx.telemetry.publishing_blocked("relay", &reason);
-            Ok(())
-        }
-        Some(_) => Ok(()),
-        None => Err(Error::ConnectionEnded),
-    }
+    connection::connection_event(event, |reason| {
+        ctx.telemetry.publishing_blocked("relay", reason)
+    })
 }
 
 /// What a round did.

@@ -408,14 +408,15 @@ fn headers_of(original: &BasicProperties) -> BTreeMap<ShortString, AMQPValue> {
 /// `x-first-death-*`, `x-last-death-*`) are dropped: the TTL levels
 /// dead-letter every timer, and the broker reads those headers back then, so a
 /// publisher's malformed copy would reach the level queue's own process. So is
-/// a publisher's `x-opt-delivery-time`: in native mode the service stamps its
-/// own, from the validated delay.
+/// a publisher's `x-opt-delivery-time` and `x-opt-order-timeout-*`: in
+/// native mode the service stamps its own, from the validated delay.
 pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties {
     let mut headers = headers_of(original);
     headers.retain(|name, _| {
         let name = name.as_str();
         !(name == "x-death"
             || name == "x-opt-delivery-time"
+            || name.starts_with("x-opt-order-timeout-")
             || name.starts_with("x-first-death-")
             || name.starts_with("x-last-death-"))
     });
