@@ -15,7 +15,7 @@ use crate::settings::{AmqpSettings, redact_url};
 /// What an event of a role's own connection means to the role listening for
 /// it: the connection's error or end stop the role (its supervisor
 /// reconnects); a block by a resource alarm goes to `blocked`; the rest is
-/// nothing. A channel's error is its channel's, not an event here.
+/// nothing.
 pub(super) fn connection_event(
     event: Option<Event>,
     blocked: impl FnOnce(&str),

@@ -230,7 +230,10 @@ fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersona
     headers.insert("x-shop".into(), AMQPValue::LongInt(7));
     // The native stage's own annotations are the service's to stamp.
     headers.insert("x-opt-delivery-time".into(), AMQPValue::LongLongInt(1));
-    headers.insert("x-opt-order-timeout-due".into(), AMQPValue::LongLongInt(1));
+    headers.insert(
+        "x-opt-order-timeout-deferrals".into(),
+        AMQPValue::LongLongInt(1),
+    );
     let original = BasicProperties::default()
         .with_message_id("m1".into())
         .with_content_type("application/json".into())
@@ -251,7 +254,7 @@ fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersona
     ));
     assert_eq!(header_int(h, "x-shop"), Some(Ok(7)));
     assert_eq!(header_int(h, "x-opt-delivery-time"), None);
-    assert_eq!(header_int(h, "x-opt-order-timeout-due"), None);
+    assert_eq!(header_int(h, "x-opt-order-timeout-deferrals"), None);
     assert_eq!(sent.message_id(), original.message_id());
     assert_eq!(sent.content_type(), original.content_type());
     assert_eq!(sent.correlation_id(), original.correlation_id());
