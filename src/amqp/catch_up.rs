@@ -22,6 +22,16 @@
 //! Nothing acts early: only orders whose deadline has passed by the clock the
 //! transitions use are taken.
 //!
+//! A round that finds nothing reads when the kind's next deadline passes
+//! (one read of the status and deadline index; `consumer.wake_at_deadline`),
+//! and the next round runs then, without waiting for a delivery: the
+//! database work of a due burst starts at its first deadline, while its
+//! messages may still be leaving a loaded broker. The wait is reckoned from
+//! the database's clock reading and ends a millisecond after the deadline,
+//! never before it; a deadline written meanwhile by another instance is seen
+//! at the latest [`REFRESH`] later (its own message wakes the consumer
+//! anyway).
+//!
 //! The catch-up belongs to its kind's consumer, and a pause of that consumer
 //! stops it too: a round does not start while the kind is paused, reads no
 //! further page once it is, and each page's transaction passes the kind's
@@ -37,7 +47,7 @@ use tokio::time::Instant;
 use crate::apply::{Decided, OnRefusal, apply};
 use crate::context::Context;
 use crate::db::clock;
-use crate::domain::{OrderKey, TimeoutKind};
+use crate::domain::{Millis, OrderKey, TimeoutKind};
 use crate::orders::Cause;
 
 /// Catch-ups run at most this often while deliveries flow: the lateness a
@@ -61,6 +71,11 @@ const REMEMBER: Duration = Duration::from_secs(600);
 
 /// At most this many remembered orders (about 100 bytes each), in each memory.
 const REMEMBER_MAX: usize = 200_000;
+
+/// With nothing due and no deadline known ahead, or one further off than
+/// this, the next deadline is read again this often: an order placed
+/// meanwhile with a shorter window is seen within it.
+const REFRESH: Duration = Duration::from_secs(5);
 
 /// How long an order the database refused alone is passed over: a refusal is
 /// often transient (a deadlock, a lock timeout), and the order must come back
@@ -128,26 +143,51 @@ pub(super) struct CatchUp {
     /// deadlock), for [`REFUSED_FOR`]: meanwhile left to their own deliveries
     /// and the sweeper, so that one of them does not stop every catch-up.
     refused: Recent,
+    /// Whether rounds also run at the kind's deadlines, not only after
+    /// deliveries (`consumer.catch_up` and `consumer.wake_at_deadline`).
+    wakes: bool,
+    /// When the next deadline the last round read passes (just after it, by
+    /// this host's monotonic clock), or when to read it again.
+    wake_at: Option<Instant>,
 }
 
 impl CatchUp {
-    pub(super) fn new(kind: TimeoutKind) -> Self {
+    pub(super) fn new(kind: TimeoutKind, wakes: bool) -> Self {
         Self {
             kind,
             last: None,
             applied: Recent::new(REMEMBER),
             refused: Recent::new(REFUSED_FOR),
             found: false,
+            wakes,
+            wake_at: None,
         }
     }
 
-    /// Whether the next catch-up should run on its own, [`EVERY`] after the last.
+    /// Whether catch-ups are applying due orders now: the next one follows
+    /// [`EVERY`] after the last, and deliveries wait for it.
     pub(super) fn continuing(&self) -> bool {
         self.found
     }
 
+    /// When the next catch-up runs on its own, without a delivery: [`EVERY`]
+    /// after the last while they find orders; else, where rounds wake at
+    /// deadlines, when the next one passes (at once for the first round);
+    /// else never.
+    pub(super) fn scheduled(&self) -> Option<Instant> {
+        let earliest = self.last.map(|last| last + EVERY);
+        if self.found {
+            return earliest;
+        }
+        if !self.wakes {
+            return None;
+        }
+        let wake = self.wake_at.unwrap_or_else(Instant::now);
+        Some(earliest.map_or(wake, |earliest| wake.max(earliest)))
+    }
+
     /// Sleeps until the next catch-up may run.
-    pub(super) async fn next_round(&self) {
+    async fn next_round(&self) {
         if let Some(last) = self.last {
             tokio::time::sleep_until(last + EVERY).await;
         }
@@ -193,9 +233,12 @@ impl CatchUp {
         if ctx.pauses.kind_paused(self.kind) {
             // No round follows on its own until a resumed consumer asks.
             self.found = false;
+            self.wake_at = Some(started + REFRESH);
             return 0;
         }
         self.last = Some(started);
+        // Until this round knows better: the database away, it tries again then.
+        self.wake_at = Some(started + REFRESH);
         // Refusals age out: the order is tried again, alone if it must be.
         self.refused.forget_old(started);
         let limit = (ctx.live().consumer.batch_size as u64).max(PAGE_AT_LEAST);
@@ -204,6 +247,9 @@ impl CatchUp {
         let Ok(now) = clock::now(&ctx.db).await else {
             return 0;
         };
+        // The reading is of a moment before this one: a wait reckoned from
+        // it and counted from here ends late, never early.
+        let read_at = Instant::now();
         let mut pages = Vec::new();
         let mut after = None;
         // Paused meanwhile: the pages read so far are refused by the gate.
@@ -263,7 +309,22 @@ impl CatchUp {
             }
         }
         self.found = caught > 0;
+        if !self.found && self.wakes {
+            self.wake_at = Some(read_at + next_wait(ctx, self.kind, now).await);
+        }
         caught
+    }
+}
+
+/// How long from the clock reading `now` until a round should look again:
+/// a millisecond past the kind's next deadline, at most [`REFRESH`] (also
+/// when the read fails: the database's trouble is reported elsewhere).
+async fn next_wait(ctx: &Context, kind: TimeoutKind, now: Millis) -> Duration {
+    match ctx.orders.until_next(&ctx.db, kind, now).await {
+        // Past the deadline by a millisecond: the pages take only orders
+        // whose deadline is before the round's reading.
+        Ok(Some(until)) => (until + Duration::from_millis(1)).min(REFRESH),
+        Ok(None) | Err(_) => REFRESH,
     }
 }
 
@@ -273,7 +334,7 @@ mod tests {
 
     #[test]
     fn remembers_a_bounded_recent_past() {
-        let mut c = CatchUp::new(TimeoutKind::Payment);
+        let mut c = CatchUp::new(TimeoutKind::Payment, false);
         let t0 = Instant::now();
         let key = |n: u32| OrderKey::parse(&n.to_string()).unwrap();
         c.remember(key(1), t0);
@@ -286,7 +347,7 @@ mod tests {
 
     #[test]
     fn refusals_are_forgotten_after_a_while() {
-        let mut c = CatchUp::new(TimeoutKind::Payment);
+        let mut c = CatchUp::new(TimeoutKind::Payment, false);
         let t0 = Instant::now();
         let key = |n: u32| OrderKey::parse(&n.to_string()).unwrap();
         c.refuse(key(1), t0);

@@ -82,6 +82,14 @@ pub async fn run(
     result
 }
 
+/// Sleeps until `at`; never ends for `None` (the branch is switched off then).
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn shutdown_siblings(conn: &Connection) {
     // Closing the connection makes the sibling consumers' streams end with an
     // error; their unacked deliveries go back to the queue.
@@ -122,6 +130,7 @@ impl KindConsumer {
         // memory; it must cover a batch plus the held ones at the target rate.
         let (channel, publish) = channels(&conn, ctx.settings.amqp.prefetch).await?;
         let tag = format!("consumer {} {}", kind.as_str(), ctx.settings.amqp.instance);
+        let wakes = ctx.settings.consumer.catch_up && ctx.settings.consumer.wake_at_deadline;
         Ok(Self {
             ctx,
             conn,
@@ -132,7 +141,7 @@ impl KindConsumer {
             tag,
             held: DelayQueue::new(),
             held_keys: HashMap::new(),
-            catch_up: CatchUp::new(kind),
+            catch_up: CatchUp::new(kind, wakes),
         })
     }
 
@@ -170,14 +179,16 @@ impl KindConsumer {
             .await?;
         let mut last_batch = Instant::now() - FLOWING;
         let result: Result<Ended, Error> = loop {
+            let round = self.catch_up.scheduled();
             let first = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(Ended::Shutdown),
                 // Between batches: the one in hand is settled.
                 _ = ctx.pauses.until(role, true) => break Ok(Ended::Paused),
-                // Deadlines are passing: the last catch-up applied orders, so
-                // the next one follows without waiting for a delivery.
-                _ = self.catch_up.next_round(), if self.catch_up.continuing() => {
+                // Deadlines are passing (the last catch-up applied orders),
+                // or the next one does: the next round runs without waiting
+                // for a delivery.
+                _ = sleep_until_some(round), if round.is_some() => {
                     self.catch_up.run(&self.ctx).await;
                     continue;
                 }

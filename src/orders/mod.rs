@@ -89,6 +89,15 @@ pub trait OrderStore: std::fmt::Debug + Send + Sync {
         overdue_after: Duration,
     ) -> BoxFuture<'a, Result<Option<Backlog>, DbErr>>;
 
+    /// How long from `now` until the earliest deadline of `kind` still
+    /// ahead, by the database's clock; `None` when no order waits for one.
+    fn until_next<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<Option<Duration>, DbErr>>;
+
     /// One page of orders overdue by more than `grace`, with their
     /// deadlines; `after` is the previous page's [`OverduePage::next`].
     fn overdue<'a>(
@@ -234,6 +243,16 @@ impl Orders {
         self.store.backlog(db, kind, now, overdue_after).await
     }
 
+    /// See [`OrderStore::until_next`].
+    pub async fn until_next(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+    ) -> Result<Option<Duration>, DbErr> {
+        self.store.until_next(db, kind, now).await
+    }
+
     /// See [`OrderStore::overdue`].
     pub async fn overdue(
         &self,
@@ -341,6 +360,16 @@ impl OrderStore for Mapped {
     ) -> BoxFuture<'a, Result<Option<Backlog>, DbErr>> {
         // The shop's table is judged by the database's own clock.
         Box::pin(Mapped::backlog(self, db, kind, overdue_after))
+    }
+
+    fn until_next<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        _now: Millis,
+    ) -> BoxFuture<'a, Result<Option<Duration>, DbErr>> {
+        // Reckoned by the database's clock in the shop's zone, as the backlog.
+        Box::pin(Mapped::until_next(self, db, kind))
     }
 
     fn overdue<'a>(

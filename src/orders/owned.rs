@@ -110,6 +110,18 @@ impl OrderStore for Owned {
         Box::pin(async move { store::backlog(db, kind, now, overdue_after).await.map(Some) })
     }
 
+    fn until_next<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<Option<Duration>, DbErr>> {
+        Box::pin(async move {
+            let next = store::next_deadline(db, kind, now).await?;
+            Ok(next.map(|at| at.since(now)))
+        })
+    }
+
     fn overdue<'a>(
         &'a self,
         db: &'a DatabaseConnection,

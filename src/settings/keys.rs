@@ -359,6 +359,10 @@ settings! {
         // (see `amqp::catch_up`); off only to measure without it.
         /// Whether a due delivery also applies every order of its kind already due (false: to measure).
         catch_up: bool = "true", |k, v, _| parse_bool(k, v);
+        // On: the database work of a due burst starts at its first deadline,
+        // not at its first message, which a loaded broker hands over late.
+        /// Whether the catch-up also runs at its kind's next deadline, not only after a due delivery.
+        wake_at_deadline: bool = "true", |k, v, _| parse_bool(k, v);
     }
 
     /// The outbox relay, which publishes committed timeouts and events to the broker.

@@ -49,6 +49,51 @@ async fn one_message_wakes_every_due_order(backend: Backend, mode: DelayMode) {
 
 matrix!(one_message_wakes_every_due_order);
 
+/// With `consumer.wake_at_deadline` on (the default; the harness turns it
+/// off), no message is needed at all: the catch-up reads its kind's next
+/// deadline and runs when it passes. Here no timeout is ever published (the
+/// relay is off), the first deadline known is an hour away, and orders
+/// placed afterwards with a one-second window are seen at the next read of
+/// the next deadline, then cancelled by the catch-up at theirs, none early,
+/// and nothing not yet due.
+async fn deadlines_wake_the_catch_up_without_a_message(backend: Backend, mode: DelayMode) {
+    let app = spawn_app(
+        Spawn::new(backend, mode)
+            .env("ORDER_TIMEOUT__RELAY__ENABLED", "false")
+            .env("ORDER_TIMEOUT__CONSUMER__WAKE_AT_DEADLINE", "true"),
+    )
+    .await;
+    app.put_stock("A", 100).await;
+    let later = app.order(&[("A", 1)], "1h").await;
+    let mut due = Vec::new();
+    for _ in 0..10 {
+        due.push(app.order(&[("A", 1)], "1s").await);
+    }
+    for id in &due {
+        let order = app
+            .wait_status(id, "cancelled", Duration::from_secs(20))
+            .await;
+        assert!(
+            ms(&order, "cancelled_at") >= ms(&order, "pay_deadline"),
+            "early: {order}"
+        );
+        let trail = app.order_with_audit(id).await;
+        let last = &trail["audit"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(
+            (last["event"].as_str(), last["cause"].as_str()),
+            (Some("cancelled"), Some("timeout"))
+        );
+    }
+    assert_eq!(app.get_order(&later).await["status"], "pending_payment");
+    assert_eq!(app.stock("A").await["available"], 99, "released once each");
+    let caught = app
+        .metric("order_timeout_catch_ups_total", &["kind=\"payment\""])
+        .await;
+    assert_eq!(caught, 10.0, "every one by a catch-up: no message came");
+}
+
+each_mode!(deadlines_wake_the_catch_up_without_a_message);
+
 /// An order the database refused once (here a trigger; in production a
 /// deadlock or a lock timeout) is passed over by catch-ups for a while only:
 /// once the refusal is gone, a later catch-up applies it, although its own

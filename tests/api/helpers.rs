@@ -555,6 +555,12 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
         // Every test calls the API authenticated, as production does.
         ("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS", new_token("admin")),
         ("ORDER_TIMEOUT__SWEEPER__ENABLED", "false".to_string()),
+        // Like the sweeper: tests of the message path see it alone, and the
+        // tests of the deadline wake (`catch_up::`) turn it on.
+        (
+            "ORDER_TIMEOUT__CONSUMER__WAKE_AT_DEADLINE",
+            "false".to_string(),
+        ),
         ("ORDER_TIMEOUT__DATABASE__MAX_CONNECTIONS", "5".to_string()),
         // The API of the broker under test, not the default derived from its host.
         (

@@ -258,6 +258,32 @@ pub async fn overdue(
         .collect())
 }
 
+/// The earliest deadline of `kind` at or after `now`, of an order in the
+/// status the timeout acts on: when the catch-up should next look. One read
+/// of the first entry of the (status, deadline) index from `now` on; orders
+/// already overdue are not its concern (the catch-up that asks has just
+/// applied them or passed them over).
+pub async fn next_deadline(
+    db: &DatabaseConnection,
+    kind: TimeoutKind,
+    now: Millis,
+) -> Result<Option<Millis>, DbErr> {
+    let deadline = deadline_column(kind);
+    let mut query = orders::Entity::find()
+        .select_only()
+        .column(deadline)
+        .filter(orders::Column::Status.eq(kind.acts_on().as_str()))
+        .filter(deadline.gte(now.0));
+    query = unflagged(kind, query);
+    let first: Option<i64> = query
+        .order_by_asc(deadline)
+        .limit(1)
+        .into_tuple()
+        .one(db)
+        .await?;
+    Ok(first.map(Millis))
+}
+
 /// The orders waiting for a timeout of one kind, for the on-call gauges.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {

@@ -42,7 +42,7 @@ pub use actions::{Deadline, act, act_during};
 use checkout::enqueue;
 pub use checkout::{checkout, delete_expired_keys};
 use expiry::apply_expiry;
-pub use expiry::{Backlog, applied_earlier, backlog, expire, overdue, probe};
+pub use expiry::{Backlog, applied_earlier, backlog, expire, next_deadline, overdue, probe};
 pub use publishing::{
     CLAIM_LEASE, Outbox, OutboxState, Relayed, is_deadlock, outbox_backlog, outbox_claim,
     outbox_delete, outbox_refused, outbox_release, outbox_set_aside,

@@ -159,6 +159,40 @@ impl Mapped {
         }))
     }
 
+    /// How long until the earliest deadline of `kind` not yet passed, by the
+    /// database's clock in the shop's zone (as [`Self::backlog`] reckons
+    /// it); `None` when none is ahead or the mapping has no such kind. With
+    /// a `since_column`, no index serves this read: it costs what the
+    /// backlog gauge's does.
+    pub async fn until_next(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+    ) -> Result<Option<Duration>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(None);
+        };
+        let d = self.dialect;
+        let clock = self.clock.now(&k.deadline_ty);
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {} FROM {} WHERE {} >= {clock} AND {} = ",
+            d.millis_until(&format!("MIN({})", k.deadline), &clock),
+            self.table,
+            k.deadline,
+            self.status
+        ))
+        .bind(k.from.clone());
+        if let Target::Flag(column, _) = &k.target {
+            sql.push(&format!(" AND {column} IS NULL"));
+        }
+        let until: Option<i64> = match db.query_one_raw(sql.build()).await? {
+            Some(row) => row.try_get_by_index(0)?,
+            None => None,
+        };
+        Ok(until.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
+    }
+
     /// The newest value of `kind`'s `since_column` in the whole table, against
     /// the database's now in the shop's zone: a row written after now means
     /// the zone is not the one the shop writes in (`doctor` says so). `None`
