@@ -1273,6 +1273,57 @@ async fn mapped_catch_up_postgres_plugin() {
     run(Backend::Postgres, DelayMode::Plugin, mapped_catch_up).await
 }
 
+/// The deadline wake on a shop's table: no message at all, and the catch-up
+/// reads when the next mall order falls due (its `since_column` plus the
+/// window, by the database's clock in the shop's zone) and closes every
+/// unpaid one with its stock then.
+async fn mapped_deadlines_wake_the_catch_up(backend: Backend, mode: DelayMode) {
+    let spawn = Spawn::new(backend, mode)
+        .setup(&mall_schema(backend))
+        .env("ORDER_TIMEOUT__CONSUMER__WAKE_AT_DEADLINE", "true");
+    let app = spawn_app(mall_mapping(spawn, false)).await;
+    let shop = Shop::open(&app, backend).await;
+    let mall = Mall {
+        shop: &shop,
+        text_ids: false,
+    };
+    for n in 1..=10 {
+        mall.checkout(n).await;
+    }
+    for n in 1..=10 {
+        mall.wait_status(n, "4", Duration::from_secs(20)).await;
+    }
+    let stock = mall.stock().await;
+    assert!(
+        stock.values().all(|(s, lock)| *s == 100 && *lock == 0),
+        "{stock:?}"
+    );
+    let caught = app
+        .metric("order_timeout_catch_ups_total", &["kind=\"payment\""])
+        .await;
+    assert_eq!(caught, 10.0, "every one by a catch-up: no message came");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mapped_deadlines_wake_the_catch_up_mariadb_ttl() {
+    run(
+        Backend::MariaDb,
+        DelayMode::Ttl,
+        mapped_deadlines_wake_the_catch_up,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mapped_deadlines_wake_the_catch_up_postgres_plugin() {
+    run(
+        Backend::Postgres,
+        DelayMode::Plugin,
+        mapped_deadlines_wake_the_catch_up,
+    )
+    .await
+}
+
 // ------------------------------------------- ids the service cannot read
 
 /// A text-keyed table whose overdue rows include ids the service cannot
