@@ -269,8 +269,7 @@ pub(super) async fn create_order(
         .await
     {
         Ok(order) => {
-            ctx.telemetry
-                .order_created(order.id, &order.pay_deadline.to_rfc3339());
+            ctx.telemetry.order_created(order.id, order.pay_deadline);
             let location = format!("/orders/{}", order.id);
             Ok((
                 StatusCode::CREATED,
