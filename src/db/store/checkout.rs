@@ -70,11 +70,13 @@ pub async fn checkout(
 enum Placing {
     /// PostgreSQL: one data-modifying statement ([`place_at_once`]).
     OneStatement,
-    /// MariaDB and SQLite, which have no data-modifying CTEs: a statement
-    /// per line reserved, then one per table ([`place_in_steps`]). Folding
-    /// the lines into one `UPDATE … CASE` would not be sound there: a short
-    /// line would leave the others reserved in the transaction, and the
-    /// refusal could no longer read the short line's stock as it was.
+    /// MariaDB and SQLite, which have no data-modifying CTEs: a conditional
+    /// `UPDATE` per line, then one insert per table ([`place_in_steps`]),
+    /// the order's id taken from its insert's answer rather than read back.
+    /// Nothing shorter is sound there: one `UPDATE … CASE` for every line
+    /// would leave the lines that had stock reserved when one is short, and
+    /// the refusal could no longer tell which line it was; and `RETURNING`
+    /// (MariaDB 10.5, SQLite 3.35) still writes one table per statement.
     InSteps,
 }
 
@@ -105,6 +107,7 @@ async fn place_at_once<C: ConnectionTrait>(
     let (before, after) = told(CREATED, None, pending, Cause::Api, now)
         .body_around_id()
         .ok_or_else(|| DbErr::Custom("the created event's body has no place for its id".into()))?;
+    // `$1` to `$10`, as the statement numbers them; then the lines.
     let mut values: Vec<sea_orm::Value> = vec![
         now.0.into(),
         deadline.0.into(),
