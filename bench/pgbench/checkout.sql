@@ -1,7 +1,8 @@
--- One checkout's statements, as the service sends them (store::checkout): the
--- conditional stock reservation, the order, its line, the outbox row of its
--- payment timeout, its `created` domain event and its audit row, in one
--- transaction. One line of 1-3 units of one of 64 SKUs, as `make bench` orders.
+-- One checkout a statement at a time, as the service sent it on PostgreSQL
+-- before checkout-one-statement.sql (and as it still does on MariaDB and
+-- SQLite): the conditional stock reservation, the order, its line, the outbox
+-- row of its payment timeout, its `created` domain event and its audit row, in
+-- one transaction. One line of 1-3 units of one of 64 SKUs, as `make bench` orders.
 -- (The event's body is built by json_build_object: pgbench would read a
 -- colon in a JSON literal as a variable.)
 \set sku random(1, 64)

@@ -251,15 +251,16 @@ pub(super) async fn create_order(
     let key = idempotency_key(&headers)?;
     let Json(body) = body?;
     let (items, window) = checkout_request(body, &ctx.live().windows)?;
-    // Keys are the caller's own: another storefront's `cart-1001` is another
-    // key (the authentication middleware always sets the caller).
-    let scope = caller.map_or_else(
-        || Caller::ANONYMOUS.to_string(),
-        |Extension(c)| c.scope().to_string(),
-    );
-    let retention = ctx.settings.http.idempotency_retention;
-    let key =
-        key.map(|key| IdempotencyKey::new(scope, key, retention, &items, window, checkout_answer));
+    let key = key.map(|key| {
+        // Keys are the caller's own: another storefront's `cart-1001` is
+        // another key (the authentication middleware always sets the caller).
+        let scope = caller.map_or_else(
+            || Caller::ANONYMOUS.to_string(),
+            |Extension(c)| c.scope().to_string(),
+        );
+        let retention = ctx.settings.http.idempotency_retention;
+        IdempotencyKey::new(scope, key, retention, &items, window, checkout_answer)
+    });
     // The deadline is stamped by the database's clock, which every instance
     // judges it by (`db::clock`).
     let now = db::clock::now(&ctx.api_db).await?;
@@ -269,8 +270,7 @@ pub(super) async fn create_order(
         .await
     {
         Ok(order) => {
-            ctx.telemetry
-                .order_created(order.id, &order.pay_deadline.to_rfc3339());
+            ctx.telemetry.order_created(order.id, order.pay_deadline);
             let location = format!("/orders/{}", order.id);
             Ok((
                 StatusCode::CREATED,

@@ -16,7 +16,7 @@ use metrics::Metrics;
 
 use crate::db::events::EVENTS;
 use crate::db::store::{Backlog, Outbox};
-use crate::domain::{Action, OrderId, OrderKey, OrderStatus, TimeoutKind};
+use crate::domain::{Action, Millis, OrderId, OrderKey, OrderStatus, TimeoutKind};
 
 /// The service's telemetry: each function logs one thing that happened and
 /// counts it.
@@ -78,9 +78,10 @@ impl Telemetry {
     }
 
     /// A checkout created an order.
-    pub fn order_created(&self, id: OrderId, deadline: &str) {
+    pub fn order_created(&self, id: OrderId, deadline: Millis) {
         self.m.orders_created.inc();
-        tracing::debug!(order_id = %id, pay_deadline = deadline, "order created");
+        // Formatted only when the line is logged: not per checkout.
+        tracing::debug!(order_id = %id, pay_deadline = %deadline.to_rfc3339(), "order created");
     }
 
     /// A checkout was refused (`insufficient_stock`, `unknown_sku`,

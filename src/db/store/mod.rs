@@ -21,13 +21,13 @@ use sea_orm::UpdateMany;
 use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait, OnConflict};
 use sea_orm::sea_query::{LockBehavior, LockType};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection,
-    DatabaseTransaction, DbBackend, DbErr, EntityTrait, IsolationLevel, ModelTrait, QueryFilter,
-    QueryOrder, QuerySelect, QueryTrait, Set, SqlErr, Statement, TransactionTrait,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
+    DbErr, EntityTrait, IsolationLevel, ModelTrait, QueryFilter, QueryOrder, QuerySelect,
+    QueryTrait, Set, SqlErr, Statement, TransactionTrait,
 };
 
 use super::entities::{idempotency_keys, inventory, order_events, order_items, orders, outbox};
-use super::events::{DomainEvent, append};
+use super::events::{DomainEvent, append, new_message_id};
 use crate::domain::{Edge, Millis, OrderId, OrderStatus, StockMove, TimeoutKind};
 use crate::settings::Windows;
 
@@ -47,8 +47,8 @@ pub use publishing::{
     CLAIM_LEASE, Outbox, OutboxState, Relayed, is_deadlock, outbox_backlog, outbox_claim,
     outbox_delete, outbox_refused, outbox_release, outbox_set_aside,
 };
+use reads::load;
 pub use reads::{audit, get_order};
-use reads::{load, order_from};
 use stock::{Stock, lock_orders, lock_stock, move_lines, move_stock, order_lines};
 pub use stock::{get_stock, put_stock};
 
@@ -341,15 +341,7 @@ async fn record(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let told = DomainEvent {
-        order_id: String::new(),
-        event: event.to_string(),
-        cause: cause.party(event).to_string(),
-        from: from.map(|f| f.as_str().to_string()),
-        to: to.as_str().to_string(),
-        at: now,
-        released: None,
-    };
+    let told = told(event, from, to, cause, now);
     let (events, lines) = per_order(txn, ids, &told).await?;
     append(txn, &events).await?;
     for chunk in ids.chunks(LIST_CHUNK) {
@@ -368,6 +360,27 @@ async fn record(
             .await?;
     }
     Ok(lines)
+}
+
+/// The domain event of a transition, for no order yet (each order's id is
+/// set per order): what [`record`] appends, and what checkout's one
+/// statement writes.
+fn told(
+    event: &str,
+    from: Option<OrderStatus>,
+    to: OrderStatus,
+    cause: Cause,
+    now: Millis,
+) -> DomainEvent {
+    DomainEvent {
+        order_id: String::new(),
+        event: event.to_string(),
+        cause: cause.party(event).to_string(),
+        from: from.map(|f| f.as_str().to_string()),
+        to: to.as_str().to_string(),
+        at: now,
+        released: None,
+    }
 }
 
 /// The event `told` for each order, with the lines a cancel gives back (read

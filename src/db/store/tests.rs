@@ -1,6 +1,9 @@
 //! The transactions on an in-memory SQLite database (the real SQL, every
 //! migration applied): what each family writes, and what it refuses.
-//! PostgreSQL and MariaDB run the same code in the integration tests.
+//! PostgreSQL and MariaDB run the same code in the integration tests; the
+//! checkout, which writes differently on each backend, is also checked here
+//! on a fresh database of the local PostgreSQL and MariaDB servers
+//! ([`on_each_backend`]).
 
 use super::*;
 
@@ -593,4 +596,280 @@ fn every_column_the_domain_names_is_an_orders_column() {
     for name in kinds.chain(stamps) {
         assert!(name.parse::<orders::Column>().is_ok(), "{name}");
     }
+}
+
+/// A fresh database on a local server (the integration tests' servers),
+/// every migration applied; [`Scratch::drop`] drops it.
+struct Scratch {
+    db: DatabaseConnection,
+    admin: &'static str,
+    name: String,
+}
+
+impl Scratch {
+    async fn new(backend: DbBackend) -> Self {
+        let (admin, base) = match backend {
+            DbBackend::Postgres => (
+                "postgres://postgres@127.0.0.1:5432/postgres",
+                "postgres://postgres@127.0.0.1:5432",
+            ),
+            _ => (
+                "mysql://root@127.0.0.1:3306/mysql",
+                "mysql://root@127.0.0.1:3306",
+            ),
+        };
+        let name = format!("ot_store_{}", uuid::Uuid::new_v4().simple());
+        Self::admin(admin, &format!("CREATE DATABASE {name}")).await;
+        let mut options = sea_orm::ConnectOptions::new(format!("{base}/{name}"));
+        options.max_connections(8).sqlx_logging(false);
+        let db = sea_orm::Database::connect(options).await.unwrap();
+        crate::db::migrate(&db).await.unwrap();
+        Self { db, admin, name }
+    }
+
+    async fn admin(url: &str, sql: &str) {
+        let admin = sea_orm::Database::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("{url} reachable: {e}"));
+        admin.execute_unprepared(sql).await.unwrap();
+        admin.close().await.unwrap();
+    }
+
+    async fn drop(self) {
+        let backend = self.db.get_database_backend();
+        self.db.close().await.unwrap();
+        let force = if backend == DbBackend::Postgres {
+            " WITH (FORCE)"
+        } else {
+            ""
+        };
+        let sql = format!("DROP DATABASE IF EXISTS {}{force}", self.name);
+        Self::admin(self.admin, &sql).await;
+    }
+}
+
+/// Runs a checkout scenario on SQLite (in memory), PostgreSQL and MariaDB:
+/// each backend places an order its own way (`checkout::Placing`).
+macro_rules! on_each_backend {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn sqlite() {
+                super::$name(&db().await).await
+            }
+            #[tokio::test]
+            async fn postgres() {
+                let scratch = Scratch::new(DbBackend::Postgres).await;
+                super::$name(&scratch.db).await;
+                scratch.drop().await
+            }
+            #[tokio::test]
+            async fn mariadb() {
+                let scratch = Scratch::new(DbBackend::MySql).await;
+                super::$name(&scratch.db).await;
+                scratch.drop().await
+            }
+        }
+    };
+}
+
+/// How many rows each table a checkout writes holds: orders, items, outbox,
+/// events, audit.
+async fn written(db: &DatabaseConnection) -> [u64; 5] {
+    use super::super::entities::order_timeout_events;
+    use sea_orm::PaginatorTrait;
+    [
+        orders::Entity::find().count(db).await.unwrap(),
+        order_items::Entity::find().count(db).await.unwrap(),
+        outbox::Entity::find().count(db).await.unwrap(),
+        order_timeout_events::Entity::find()
+            .count(db)
+            .await
+            .unwrap(),
+        order_events::Entity::find().count(db).await.unwrap(),
+    ]
+}
+
+on_each_backend!(a_checkout_writes_every_row_by_the_database_clock);
+async fn a_checkout_writes_every_row_by_the_database_clock(db: &DatabaseConnection) {
+    use super::super::entities::order_timeout_events;
+    let now = crate::db::clock::now(db).await.unwrap();
+    put_stock(db, "A", 5, now).await.unwrap();
+    put_stock(db, "B", 1, now).await.unwrap();
+    let window = Duration::from_secs(60);
+    let order = checkout(db, &[line("B", 1), line("A", 2)], window, now, None)
+        .await
+        .unwrap();
+    assert_eq!(order.pay_deadline, now.plus(window));
+    assert_eq!((order.created_at, order.updated_at), (now, now));
+    assert_eq!(
+        get_order(db, order.id, false).await.unwrap(),
+        Some(order.clone()),
+        "the order answered is the order stored"
+    );
+    assert_eq!(
+        (stock(db, "A").await, stock(db, "B").await),
+        ((3, 2, 0), (0, 1, 0))
+    );
+    assert_eq!(written(db).await, [1, 2, 1, 1, 1]);
+    let timeout = outbox::Entity::find().one(db).await.unwrap().unwrap();
+    assert_eq!(
+        (timeout.order_id, timeout.kind.as_str(), timeout.due_at_ms),
+        (order.id.get(), "payment", now.plus(window).0)
+    );
+    assert_eq!((timeout.created_at_ms, timeout.attempts), (now.0, 0));
+    assert_eq!(timeout.claim, None);
+    let event = order_timeout_events::Entity::find()
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    let id = order.id.to_string();
+    assert_eq!(
+        (event.order_id.as_str(), event.event.as_str()),
+        (id.as_str(), "created")
+    );
+    assert_eq!((event.created_at_ms, event.attempts), (now.0, 0));
+    assert!(uuid::Uuid::parse_str(&event.message_id).is_ok());
+    // Byte for byte what the events' encoder makes of the created event.
+    let told = DomainEvent {
+        order_id: id,
+        event: "created".into(),
+        cause: "buyer".into(),
+        from: None,
+        to: "pending_payment".into(),
+        at: now,
+        released: None,
+    };
+    assert_eq!(event.body, told.body());
+    let trail = audit(db, order.id).await.unwrap();
+    assert_eq!(
+        trail,
+        [AuditEntry {
+            event: "created".into(),
+            from: None,
+            to: "pending_payment".into(),
+            cause: "api".into(),
+            at: now,
+            detail: None,
+        }]
+    );
+}
+
+on_each_backend!(a_short_or_unknown_line_reserves_nothing);
+async fn a_short_or_unknown_line_reserves_nothing(db: &DatabaseConnection) {
+    let now = crate::db::clock::now(db).await.unwrap();
+    put_stock(db, "A", 5, now).await.unwrap();
+    put_stock(db, "B", 1, now).await.unwrap();
+    let window = Duration::from_secs(60);
+    let short = checkout(db, &[line("A", 2), line("B", 2)], window, now, None).await;
+    assert!(
+        matches!(
+            short,
+            Err(CheckoutError::InsufficientStock { ref sku, requested: 2, available: 1 }) if sku == "B"
+        ),
+        "{short:?}"
+    );
+    // The first short line in SKU order is the one named.
+    let both = checkout(db, &[line("B", 3), line("A", 9)], window, now, None).await;
+    assert!(
+        matches!(
+            both,
+            Err(CheckoutError::InsufficientStock { ref sku, requested: 9, available: 5 }) if sku == "A"
+        ),
+        "{both:?}"
+    );
+    let unknown = checkout(db, &[line("A", 1), line("Z", 1)], window, now, None).await;
+    assert!(
+        matches!(unknown, Err(CheckoutError::UnknownSku(ref sku)) if sku == "Z"),
+        "{unknown:?}"
+    );
+    let twice = checkout(db, &[line("A", 1), line("A", 1)], window, now, None).await;
+    assert!(matches!(twice, Err(CheckoutError::Db(_))), "{twice:?}");
+    assert_eq!(
+        (stock(db, "A").await, stock(db, "B").await),
+        ((5, 0, 0), (1, 0, 0))
+    );
+    assert_eq!(written(db).await, [0; 5], "a refusal writes nothing");
+}
+
+on_each_backend!(a_key_is_settled_with_its_order_or_not_kept);
+async fn a_key_is_settled_with_its_order_or_not_kept(db: &DatabaseConnection) {
+    let now = crate::db::clock::now(db).await.unwrap();
+    put_stock(db, "A", 1, now).await.unwrap();
+    let answer = |o: &Order| Ok(format!("order {} due {}", o.id, o.pay_deadline.0));
+    let window = Duration::from_secs(60);
+    let key = |items: &[NewItem]| {
+        IdempotencyKey::new(
+            "anonymous".into(),
+            "k1".into(),
+            Duration::from_secs(86_400),
+            items,
+            window,
+            answer,
+        )
+    };
+    let items = [line("A", 2)];
+    let refused = checkout(db, &items, window, now, Some(&key(&items))).await;
+    assert!(matches!(
+        refused,
+        Err(CheckoutError::InsufficientStock { .. })
+    ));
+    put_stock(db, "A", 5, now).await.unwrap();
+    // The refusal kept no key: the retry with it places the order.
+    let first = checkout(db, &items, window, now, Some(&key(&items)))
+        .await
+        .unwrap();
+    match checkout(db, &items, window, now, Some(&key(&items))).await {
+        Err(CheckoutError::Replay { order, answer }) => {
+            assert_eq!(order, first.id);
+            assert_eq!(
+                answer,
+                format!("order {} due {}", first.id, now.plus(window).0)
+            );
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    let other = [line("A", 1)];
+    let reused = checkout(db, &other, window, now, Some(&key(&other))).await;
+    assert!(
+        matches!(reused, Err(CheckoutError::KeyReused)),
+        "{reused:?}"
+    );
+    assert_eq!(stock(db, "A").await, (3, 2, 0), "only the first reserved");
+    assert_eq!(written(db).await, [1, 1, 1, 1, 1]);
+}
+
+on_each_backend!(racing_checkouts_sell_the_stock_once);
+async fn racing_checkouts_sell_the_stock_once(db: &DatabaseConnection) {
+    let now = crate::db::clock::now(db).await.unwrap();
+    put_stock(db, "A", 7, now).await.unwrap();
+    put_stock(db, "B", 100, now).await.unwrap();
+    let racers = (0..20).map(|i| {
+        let db = db.clone();
+        // Lines given in either order: the lock order is the SKUs'.
+        let lines = if i % 2 == 0 {
+            [line("A", 1), line("B", 2)]
+        } else {
+            [line("B", 2), line("A", 1)]
+        };
+        tokio::spawn(async move { checkout(&db, &lines, Duration::from_secs(60), now, None).await })
+    });
+    let mut placed = 0;
+    for racer in futures_util::future::join_all(racers).await {
+        match racer.unwrap() {
+            Ok(_) => placed += 1,
+            Err(CheckoutError::InsufficientStock {
+                sku, available: 0, ..
+            }) => assert_eq!(sku, "A"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(placed, 7);
+    assert_eq!(
+        (stock(db, "A").await, stock(db, "B").await),
+        ((0, 7, 0), (86, 14, 0))
+    );
+    assert_eq!(written(db).await, [7, 14, 7, 7, 7]);
 }
