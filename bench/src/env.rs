@@ -267,7 +267,8 @@ pub fn proc_stats(pid: u32, ticks: f64) -> anyhow::Result<ProcStats> {
     })
 }
 
-fn clock_ticks() -> f64 {
+/// Kernel clock ticks per second (`getconf CLK_TCK`, else 100), for `/proc/<pid>/stat`.
+pub(crate) fn clock_ticks() -> f64 {
     Command::new("getconf")
         .arg("CLK_TCK")
         .output()
