@@ -99,15 +99,21 @@ pub(crate) async fn run(
         INTERVAL.as_millis()
     );
     let (first_due, last_due) = write(db, first_id, &mut jobs, lead_ms).await?;
-    let margin = first_due - clock::now(db).await?.0;
+    let written_at = clock::now(db).await?.0;
+    let margin = first_due - written_at;
     if margin < 500 {
         bail!(
             "writing the baseline's orders took too long: the first deadline was {margin} ms \
              away when they were written"
         );
     }
-    let poller_db = res.database.as_ref().context("database")?.connect().await?;
-    let give_up = Instant::now() + Duration::from_millis((last_due - first_due) as u64) + limit;
+    let poller_db = res
+        .database
+        .as_ref()
+        .context("database")?
+        .connect_one()
+        .await?;
+    let give_up = Instant::now() + Duration::from_millis((last_due - written_at) as u64) + limit;
     let poller = tokio::spawn(poll(poller_db, unpaid, give_up));
     let abort = poller.abort_handle();
     let mut watched_poller = Poller;
