@@ -14,8 +14,8 @@
 //! IN (the oldest due pending orders, LIMIT BATCH, FOR UPDATE SKIP LOCKED)
 //! RETURNING id`, then one statement releasing those orders' stock (reserved
 //! back to available). It writes the same row changes as the service's cancel
-//! but no audit rows (`order_events`) and no domain events (`event_outbox`):
-//! a plain cron job writes neither.
+//! but no audit rows (`order_events`) and no domain events (the event outbox,
+//! `order_timeout_events`): a plain cron job writes neither.
 //!
 //! The drain is watched by the service's own loop ([`drain::watch`]), the
 //! result read and checked by [`analysis::analyse_load`] (the whole table again,
