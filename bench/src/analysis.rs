@@ -2,7 +2,8 @@
 //! against what the bench placed (paid ones left paid, none cancelled early,
 //! every unpaid one cancelled), stock conserved, one cancel event per cancel in
 //! the audit trail, all by timeout messages; and from the cancel times, each
-//! load's lateness and the burst's rate. Any problem found refuses the run.
+//! load's lateness and the burst's rate. The baseline's burst is read the same
+//! way ([`analyse_load`]), without the audit trail. Any problem found refuses the run.
 
 use std::collections::HashMap;
 
@@ -77,8 +78,71 @@ pub(crate) async fn analyse(
     skus: usize,
 ) -> anyhow::Result<Analysis> {
     let mut errors = Vec::new();
+    let (mut orders, mut checks) = check_table(&ctx.db, all, skus, &mut errors).await?;
+    let by_message = cancels_by_message(&ctx.db, orders.cancelled, &mut errors).await?;
+    checks.insert("cancelled".into(), json!(orders.cancelled));
+    checks.insert("cancels_by_message_path".into(), json!(by_message));
+    let burst_cancels = orders.cancels.remove(&Group::Burst).unwrap_or_default();
+    let burst = Burst::of(&burst_cancels);
+    Ok(Analysis {
+        errors,
+        checks: Value::Object(checks),
+        burst: Lateness::of(lateness(&burst_cancels)),
+        steady: Lateness::of(lateness(
+            &orders.cancels.remove(&Group::Steady).unwrap_or_default(),
+        )),
+        burst_cancels_per_s: burst.cancels_per_s,
+        burst_offered_per_s: burst.offered_per_s,
+        burst_drain_ms: burst.drain_ms,
+        burst_window: burst.window,
+    })
+}
+
+/// What the database says about one load's orders once more is placed after
+/// the service's run (the baseline's burst, [`crate::baseline`]).
+pub(crate) struct Load {
+    /// Every problem found in the whole table; a run with any is refused.
+    pub(crate) errors: Vec<String>,
+    /// What was checked, for the JSON.
+    pub(crate) checks: Value,
+    /// Lateness of the load's cancels.
+    pub(crate) lateness: Lateness,
+    /// Its cancels' rate, drain and window.
+    pub(crate) burst: Burst,
+}
+
+/// Reads the orders of `group` from the database, checking the whole table
+/// again against `all` (everything placed, that load included): the rows the
+/// service's checks passed must be as they were, and stock conserved over
+/// both. No audit check: only the service writes audit rows.
+pub(crate) async fn analyse_load(
+    db: &DatabaseConnection,
+    all: &HashMap<i64, Job>,
+    skus: usize,
+    group: Group,
+) -> anyhow::Result<Load> {
+    let mut errors = Vec::new();
+    let (mut orders, mut checks) = check_table(db, all, skus, &mut errors).await?;
+    let cancels = orders.cancels.remove(&group).unwrap_or_default();
+    checks.insert("cancelled".into(), json!(cancels.len()));
+    Ok(Load {
+        errors,
+        checks: Value::Object(checks),
+        lateness: Lateness::of(lateness(&cancels)),
+        burst: Burst::of(&cancels),
+    })
+}
+
+/// Every order and every SKU in the database read against `all`: the checks
+/// every run makes, the service's and the baseline's.
+async fn check_table(
+    db: &DatabaseConnection,
+    all: &HashMap<i64, Job>,
+    skus: usize,
+    errors: &mut Vec<String>,
+) -> anyhow::Result<(Orders, serde_json::Map<String, Value>)> {
     let rows = query(
-        &ctx.db,
+        db,
         "SELECT id, status, pay_deadline_ms, cancelled_at_ms FROM orders",
     )
     .await?;
@@ -91,39 +155,32 @@ pub(crate) async fn analyse(
     }
     let mut orders = Orders::new(skus);
     for row in &rows {
-        orders.add(row, all, &mut errors)?;
+        orders.add(row, all, errors)?;
     }
-    orders.summarise(&mut errors);
-    let stock_ok = stock_conserved(&ctx.db, skus, &orders.sold_expected, &mut errors).await?;
-    let by_message = cancels_by_message(&ctx.db, orders.cancelled, &mut errors).await?;
-    let burst = Burst::of(&orders.burst_cancels);
-    let checks = json!({
-        "orders_in_db": rows.len(),
-        "cancelled": orders.cancelled,
-        "paid_left_paid": orders.paid_cancelled == 0,
-        "none_early": orders.early == 0,
-        "all_unpaid_cancelled": orders.unpaid_open == 0,
-        "stock_conserved": stock_ok,
-        "cancels_by_message_path": by_message,
-    });
-    Ok(Analysis {
-        errors,
-        checks,
-        burst: Lateness::of(orders.late.remove(&Group::Burst).unwrap_or_default()),
-        steady: Lateness::of(orders.late.remove(&Group::Steady).unwrap_or_default()),
-        burst_cancels_per_s: burst.cancels_per_s,
-        burst_offered_per_s: burst.offered_per_s,
-        burst_drain_ms: burst.drain_ms,
-        burst_window: burst.window,
-    })
+    orders.summarise(errors);
+    let stock_ok = stock_conserved(db, skus, &orders.sold_expected, errors).await?;
+    let checks = [
+        ("orders_in_db", json!(rows.len())),
+        ("paid_left_paid", json!(orders.paid_cancelled == 0)),
+        ("none_early", json!(orders.early == 0)),
+        ("all_unpaid_cancelled", json!(orders.unpaid_open == 0)),
+        ("stock_conserved", json!(stock_ok)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    Ok((orders, checks))
+}
+
+/// Cancel time minus deadline of each (cancelled at, deadline).
+fn lateness(cancels: &[(i64, i64)]) -> Vec<i64> {
+    cancels.iter().map(|(at, deadline)| at - deadline).collect()
 }
 
 /// The orders table read against what the bench placed.
 struct Orders {
-    /// Cancel time minus deadline, per load.
-    late: HashMap<Group, Vec<i64>>,
-    /// (cancelled at, deadline) of every burst cancel, epoch ms.
-    burst_cancels: Vec<(i64, i64)>,
+    /// (cancelled at, deadline) of every cancel, epoch ms, per load.
+    cancels: HashMap<Group, Vec<(i64, i64)>>,
     /// Unpaid orders cancelled before their deadline.
     early: usize,
     /// Paid orders not left paid.
@@ -141,8 +198,7 @@ struct Orders {
 impl Orders {
     fn new(skus: usize) -> Self {
         Self {
-            late: HashMap::new(),
-            burst_cancels: Vec::new(),
+            cancels: HashMap::new(),
             early: 0,
             paid_cancelled: 0,
             unpaid_open: 0,
@@ -190,10 +246,10 @@ impl Orders {
                         ));
                     }
                 }
-                self.late.entry(job.group).or_default().push(at - deadline);
-                if job.group == Group::Burst {
-                    self.burst_cancels.push((at, deadline));
-                }
+                self.cancels
+                    .entry(job.group)
+                    .or_default()
+                    .push((at, deadline));
             }
             _ => {
                 self.unpaid_open += 1;
@@ -282,16 +338,16 @@ async fn cancels_by_message(
     Ok(not_message == 0 && events == cancelled)
 }
 
-/// The burst's figures from its cancels.
-struct Burst {
+/// A burst's figures from its cancels.
+pub(crate) struct Burst {
     /// Cancels over the span from the first to the last.
-    cancels_per_s: f64,
+    pub(crate) cancels_per_s: f64,
     /// Its unpaid orders over [`BURST_SPAN_MS`].
-    offered_per_s: f64,
+    pub(crate) offered_per_s: f64,
     /// From the last burst deadline to the last burst cancel.
-    drain_ms: i64,
+    pub(crate) drain_ms: i64,
     /// First and last cancel (epoch ms) and how many.
-    window: (i64, i64, usize),
+    pub(crate) window: (i64, i64, usize),
 }
 
 impl Burst {

@@ -116,8 +116,17 @@ impl BenchDatabase {
 
     /// Connects the bench itself (reads results, runs the database ceiling).
     pub async fn connect(&self) -> anyhow::Result<DatabaseConnection> {
+        self.connect_pool(2).await
+    }
+
+    /// One connection of its own, as a cron job has (the baseline's poller).
+    pub async fn connect_one(&self) -> anyhow::Result<DatabaseConnection> {
+        self.connect_pool(1).await
+    }
+
+    async fn connect_pool(&self, connections: u32) -> anyhow::Result<DatabaseConnection> {
         let mut options = sea_orm::ConnectOptions::new(self.url().to_string());
-        options.sqlx_logging(false).max_connections(2);
+        options.sqlx_logging(false).max_connections(connections);
         Ok(Database::connect(options).await?)
     }
 
@@ -267,7 +276,8 @@ pub fn proc_stats(pid: u32, ticks: f64) -> anyhow::Result<ProcStats> {
     })
 }
 
-fn clock_ticks() -> f64 {
+/// Kernel clock ticks per second (`getconf CLK_TCK`, else 100), for `/proc/<pid>/stat`.
+pub(crate) fn clock_ticks() -> f64 {
     Command::new("getconf")
         .arg("CLK_TCK")
         .output()

@@ -12,9 +12,13 @@
 //!    2 s); 10% of each paid before its deadline;
 //! 3. waiting until every unpaid order is cancelled; reading the result from the
 //!    database (`cancelled_at`, `pay_deadline`, stock, audit trail);
-//! 4. correctness checks, then the ceiling: a raw consume-and-ack of a plain
-//!    durable queue, and a raw batched conditional UPDATE, on the same broker and
-//!    database; then the table, and JSON in `target/bench/latest.json`.
+//! 4. correctness checks; then, the service stopped, the baseline: the same
+//!    burst written straight into the same database and cancelled by a plain
+//!    poller in the bench (every 1 s, batches of 1,000, like a cron job),
+//!    measured and checked the same way; then the ceiling: a raw consume-and-ack
+//!    of a plain durable queue, and a raw batched conditional UPDATE, on the
+//!    same broker and database; then the table (ours beside the poller's), and
+//!    JSON in `target/bench/latest.json`.
 //!
 //! `--million` is a different scenario: see [`million`].
 //!
@@ -30,12 +34,14 @@
 //! - [`drain`]: waiting until every unpaid order is cancelled, sampling as it goes;
 //! - [`profile`]: what the drain samples say about where the burst's time went;
 //! - [`analysis`]: what the database says about the run, and the correctness checks;
+//! - [`baseline`]: the same burst through a plain database poller, for comparison;
 //! - [`ceiling`]: the machine's ceiling for the same work, without the service;
 //! - [`report`]: the scenario's JSON and the table printed from it;
 //! - [`million`]: the `--million` scenario;
 //! - [`sql`]: raw reads on the bench's own database connection.
 
 mod analysis;
+mod baseline;
 mod ceiling;
 mod cli;
 mod ctx;

@@ -279,10 +279,10 @@ struct Idle {
 /// and after, over the elapsed time.
 async fn idle(pid: u32, broker: Option<u32>, ticks: f64, secs: u64) -> Idle {
     println!("million: measuring the idle cost for {secs} s (every timer pending, none due)");
-    let before = Cpu::read(pid, broker, ticks);
+    let before = Cpu::read(Some(pid), broker, ticks);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let after = Cpu::read(pid, broker, ticks);
+    let after = Cpu::read(Some(pid), broker, ticks);
     let elapsed = started.elapsed().as_secs_f64();
     let share = |role| (after.seconds(role) - before.seconds(role)) / elapsed;
     Idle {

@@ -22,6 +22,9 @@ pub(crate) enum Group {
     Steady,
     /// N due within 2 s.
     Burst,
+    /// The burst again, written straight into the tables after the service's
+    /// run and cancelled by the bench's plain poller ([`crate::baseline`]).
+    Poller,
 }
 
 /// One order to place.
@@ -42,6 +45,12 @@ pub(crate) struct Job {
 /// The name of SKU `i`, as stocked and ordered.
 pub(crate) fn sku_name(i: usize) -> String {
     format!("BENCH-{i:03}")
+}
+
+/// The deadline of the `j`th of `n` burst orders whose first falls due at
+/// `start`: spread evenly over [`BURST_SPAN_MS`].
+pub(crate) fn burst_deadline(start: i64, j: usize, n: usize) -> i64 {
+    start + (j as i64 * BURST_SPAN_MS) / n.max(1) as i64
 }
 
 /// The calibration orders: `n` unpaid orders over `skus` SKUs, their windows
@@ -106,7 +115,7 @@ impl Plan {
         for j in 0..args.burst {
             jobs.push(Job {
                 group: Group::Burst,
-                deadline_ms: burst_start + (j as i64 * BURST_SPAN_MS) / args.burst as i64,
+                deadline_ms: burst_deadline(burst_start, j, args.burst),
                 paid: j % PAID_EVERY == PAID_EVERY - 1,
                 sku: (j * 7) % skus,
                 quantity: 1 + (j % 3) as i64,

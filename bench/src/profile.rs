@@ -66,8 +66,8 @@ impl Cpu {
     }
 
     /// Reads `/proc` now (Linux). `service` is the pid of the service under
-    /// test, `broker` that of the broker's node when known.
-    pub fn read(service: u32, broker: Option<u32>, ticks: f64) -> Self {
+    /// test (none once it is stopped), `broker` that of the broker's node when known.
+    pub fn read(service: Option<u32>, broker: Option<u32>, ticks: f64) -> Self {
         let mut cpu = Cpu::default();
         let me = std::process::id();
         if let Ok(dir) = std::fs::read_dir("/proc") {
@@ -86,7 +86,7 @@ impl Cpu {
                     continue;
                 };
                 let comm = head.split_once('(').map(|(_, c)| c).unwrap_or("");
-                let role = if pid == service {
+                let role = if Some(pid) == service {
                     Role::Service
                 } else if pid == me {
                     Role::Bench
@@ -206,6 +206,17 @@ impl Depths {
     }
 }
 
+/// Machine CPU milliseconds per cancel over a burst's window, and the
+/// database's part of them (PostgreSQL's processes; zero on SQLite, which runs
+/// inside the process that cancels).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuPerCancel {
+    /// Every process on the machine.
+    pub machine_ms: f64,
+    /// The database's processes.
+    pub database_ms: f64,
+}
+
 /// The samples of one drain and what they say.
 pub struct Profile {
     samples: Vec<Sample>,
@@ -247,6 +258,11 @@ impl Cores {
         self.busy_s * 1000.0 / n.max(1) as f64
     }
 
+    /// CPU milliseconds of one role per operation, `n` operations in the window.
+    fn role_ms_per(&self, role: Role, n: usize) -> f64 {
+        self.by_role[role as usize] * self.wall_s * 1000.0 / n.max(1) as f64
+    }
+
     /// "broker 0.97, database 0.41, …" for a verdict.
     fn share(&self) -> String {
         Role::ALL
@@ -283,6 +299,21 @@ impl Profile {
         (wall_s > 0.0).then(|| Cores::between(&a.cpu, &b.cpu, wall_s))
     }
 
+    /// CPU per cancel between the first and last cancel (epoch ms), `cancels`
+    /// of them: the same window and arithmetic as [`Profile::limit`]'s, so
+    /// that the service's and the baseline's figures compare.
+    pub fn cpu_per_cancel(
+        &self,
+        (first_ms, last_ms): (i64, i64),
+        cancels: usize,
+    ) -> Option<CpuPerCancel> {
+        let cores = self.cores(first_ms, last_ms)?;
+        Some(CpuPerCancel {
+            machine_ms: cores.ms_per(cancels),
+            database_ms: cores.role_ms_per(Role::Database, cancels),
+        })
+    }
+
     /// The limit of the burst between its first and last cancel (epoch ms), as
     /// JSON, with a sentence for the table. `cancels` is the burst's cancels,
     /// `rate` its measured cancels per second, `offered` what it asked for.
@@ -298,6 +329,7 @@ impl Profile {
             return json!({ "verdict": "not enough samples in the burst window" });
         };
         let cpu_ms_per_cancel = cores.ms_per(cancels);
+        let database_ms_per_cancel = cores.role_ms_per(Role::Database, cancels);
         let cores_at_target = cpu_ms_per_cancel * TARGET_BURST_PER_S / 1000.0;
         // The moment most orders were overdue: where were their timers?
         let peak = self
@@ -354,6 +386,7 @@ impl Profile {
             "cpu_saturated": saturated,
             "cores_by_process": cores.by_process(),
             "machine_cpu_ms_per_cancel": round2(cpu_ms_per_cancel),
+            "database_cpu_ms_per_cancel": round2(database_ms_per_cancel),
             "cores_needed_at_target": round2(cores_at_target),
             "target_per_s": TARGET_BURST_PER_S,
             "short_of_target_by": round2(TARGET_BURST_PER_S / rate.max(1.0)),
@@ -411,6 +444,7 @@ pub fn cpu_usage(a: &Cpu, b: &Cpu, wall_s: f64, n: usize, rate: f64, target: f64
     })
 }
 
-fn round2(x: f64) -> f64 {
+/// `x` to two decimals, as the reports give CPU figures.
+pub(crate) fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }

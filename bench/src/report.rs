@@ -1,14 +1,16 @@
 //! The burst and steady scenario's report: the JSON written to `--out`, with
-//! the steady load's verdict against the broker's own lateness, and the table
-//! printed from that JSON.
+//! the steady load's verdict against the broker's own lateness and the burst
+//! beside the baseline poller's, and the table printed from that JSON.
 
 use serde_json::{Value, json};
 
 use crate::analysis::{Analysis, Lateness};
+use crate::baseline::{self, Baseline};
 use crate::ceiling::{Ceiling, NATIVE_DELAY_PATH};
 use crate::cli::BenchArgs;
 use crate::ctx::RunCtx;
 use crate::env::ProcStats;
+use crate::profile::round2;
 
 /// Everything one burst and steady run measured.
 pub(crate) struct Measured {
@@ -24,6 +26,8 @@ pub(crate) struct Measured {
     pub(crate) limit: Value,
     /// The drain, about one sample a second from just before the burst.
     pub(crate) series: Value,
+    /// The same burst through a plain poller.
+    pub(crate) baseline: Baseline,
     /// The machine's ceiling for the same work.
     pub(crate) ceiling: Ceiling,
     /// The service's peak memory and CPU time.
@@ -85,6 +89,70 @@ pub(crate) fn json(ctx: &RunCtx, args: &BenchArgs, m: &Measured) -> Value {
         "service_peak_rss_mb": round1(m.stats.peak_rss_mb),
         "service_cpu_s": round1(m.stats.cpu_s),
         "checks": result.checks,
+        "baseline": baseline_json(ctx, &m.baseline, &result.burst, &m.limit),
+    })
+}
+
+/// The baseline poller's figures, and `versus`: the service's burst (its
+/// lateness and the CPU of its `limit`) beside the poller's, with the ratios
+/// ours ÷ poller (below 1: ours is lower, so better). The database's share is
+/// `null` on SQLite, which runs inside the process that cancels.
+fn baseline_json(ctx: &RunCtx, b: &Baseline, burst: &Lateness, limit: &Value) -> Value {
+    let on_server = ctx.db_kind != "sqlite";
+    let machine = b.cpu.map(|c| round2(c.machine_ms));
+    let database = b.cpu.filter(|_| on_server).map(|c| round2(c.database_ms));
+    let ours_database = if on_server {
+        limit["database_cpu_ms_per_cancel"].clone()
+    } else {
+        Value::Null
+    };
+    let lateness = &b.result.lateness;
+    let ours = json!({
+        "p50": burst.p50,
+        "p99": burst.p99,
+        "machine_cpu_ms_per_cancel": limit["machine_cpu_ms_per_cancel"],
+        "database_cpu_ms_per_cancel": ours_database,
+    });
+    let poller = json!({
+        "p50": lateness.p50,
+        "p99": lateness.p99,
+        "machine_cpu_ms_per_cancel": machine,
+        "database_cpu_ms_per_cancel": database,
+    });
+    let ratio = |key: &str| match (ours[key].as_f64(), poller[key].as_f64()) {
+        (Some(a), Some(p)) if p > 0.0 => json!(round2(a / p)),
+        _ => Value::Null,
+    };
+    let ours_over_poller = json!({
+        "p50": ratio("p50"),
+        "p99": ratio("p99"),
+        "machine_cpu_ms_per_cancel": ratio("machine_cpu_ms_per_cancel"),
+        "database_cpu_ms_per_cancel": ratio("database_cpu_ms_per_cancel"),
+    });
+    json!({
+        "kind": "poller",
+        "interval_ms": baseline::INTERVAL.as_millis() as u64,
+        "batch": baseline::BATCH,
+        "orders": b.orders,
+        "unpaid": b.unpaid,
+        "cancelled": lateness.n,
+        "phase_ms": b.phase_ms,
+        "first_deadline_after_first_wake_ms": b.first_deadline_after_ms,
+        "wakes": b.wakes,
+        "passes": b.passes,
+        "lateness_ms": lateness.json(),
+        "cancels_per_s": round1(b.result.burst.cancels_per_s),
+        "drain_ms": b.result.burst.drain_ms,
+        "machine_cpu_ms_per_cancel": machine,
+        "database_cpu_ms_per_cancel": database,
+        "writes": "the orders' status and stamps and the stock release, as the service's cancel; no audit rows, no domain events",
+        "checks": b.result.checks,
+        "versus": {
+            "ours": ours,
+            "poller": poller,
+            "ours_over_poller": ours_over_poller,
+            "ours_ahead_on_p99": burst.p99 < lateness.p99,
+        },
     })
 }
 
@@ -155,7 +223,67 @@ pub(crate) fn print_table(r: &Value, stats: &ProcStats) {
     if let Some(verdict) = r["limit"]["verdict"].as_str() {
         println!("limit: {verdict}");
     }
+    print_versus(&r["baseline"]);
     println!();
+}
+
+/// The burst beside the baseline poller's, from the report's `baseline`.
+fn print_versus(b: &Value) {
+    let v = &b["versus"];
+    let (ours, poller, ratio) = (&v["ours"], &v["poller"], &v["ours_over_poller"]);
+    let times = |x: &Value| x.as_f64().map_or("n/a".to_string(), |x| format!("{x:.2}×"));
+    let ms = |x: &Value| x.as_f64().map_or("n/a".to_string(), |x| format!("{x:.2}"));
+    let database = if ours["database_cpu_ms_per_cancel"].is_null()
+        && poller["database_cpu_ms_per_cancel"].is_null()
+    {
+        "the database's part not told apart (SQLite runs inside the process that cancels)"
+            .to_string()
+    } else {
+        format!(
+            "of which the database {} / {} ms",
+            ms(&ours["database_cpu_ms_per_cancel"]),
+            ms(&poller["database_cpu_ms_per_cancel"]),
+        )
+    };
+    println!();
+    println!(
+        "burst vs a {} s poller (ours / poller): lateness p50 {} / {} ms ({}), p99 {} / {} ms ({}), \
+         machine CPU per cancel {} / {} ms ({}), {database}",
+        b["interval_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
+        ours["p50"],
+        poller["p50"],
+        times(&ratio["p50"]),
+        ours["p99"],
+        poller["p99"],
+        times(&ratio["p99"]),
+        ms(&ours["machine_cpu_ms_per_cancel"]),
+        ms(&poller["machine_cpu_ms_per_cancel"]),
+        times(&ratio["machine_cpu_ms_per_cancel"]),
+    );
+    println!(
+        "the poller (same burst and database, batches of {}, no audit rows or domain events): \
+         {} of {} unpaid cancelled in {} wakes, {}/s, drained {} ms after the last deadline, \
+         max lateness {} ms; the first deadline fell {} ms after one of its wakes",
+        b["batch"],
+        b["cancelled"],
+        b["unpaid"],
+        b["wakes"],
+        b["cancels_per_s"],
+        b["drain_ms"],
+        b["lateness_ms"]["max"],
+        b["phase_ms"],
+    );
+    if v["ours_ahead_on_p99"].as_bool() == Some(true) {
+        println!(
+            "p99: ours is ahead of the poller ({} ms against {} ms)",
+            ours["p99"], poller["p99"]
+        );
+    } else {
+        println!(
+            "p99: ours is NOT ahead of the poller ({} ms against {} ms)",
+            ours["p99"], poller["p99"]
+        );
+    }
 }
 
 /// The table's rows: (figure, value) read from the report `r`.

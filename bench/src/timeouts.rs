@@ -1,7 +1,8 @@
 //! The burst and steady scenario (`make bench`), phase by phase: stock the
 //! SKUs, calibrate checkout, plan the deadlines, place and pay every order, wait
-//! for the drain, check the database's result, measure the ceiling on a quiet
-//! machine (the service stopped), then report.
+//! for the drain, check the database's result, then on a quiet machine (the
+//! service stopped) the same burst through a plain poller ([`baseline`]) and
+//! the ceiling, then report.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::analysis::{self, Analysis};
+use crate::analysis;
+use crate::baseline;
 use crate::ceiling::{self, Scheduled};
 use crate::cli::BenchArgs;
 use crate::ctx::RunCtx;
@@ -70,7 +72,7 @@ pub(crate) async fn timeouts(
     let samples = wait_drained(ctx, res, plan.last_due(), drain_limit).await?;
     let stats = res.service.as_ref().context("service")?.stats()?;
     let result = analysis::analyse(ctx, &all, skus).await?;
-    refuse_if_wrong(&result)?;
+    refuse_if_wrong("the run", &result.errors)?;
     let drain = profile::Profile::new(samples);
     let (first_cancel, last_cancel, burst_n) = result.burst_window;
     let limit = drain.limit(
@@ -81,10 +83,19 @@ pub(crate) async fn timeouts(
         result.burst_offered_per_s,
     );
     let series = drain.series(plan.burst_start - 1_000);
-    // The ceiling is measured on a quiet broker and database: the service stops first.
+    // The baseline and the ceiling are measured on a quiet broker and
+    // database: the service stops first.
     if let Some(mut service) = res.service.take() {
         service.stop();
     }
+    let burst_jobs: Vec<Job> = plan
+        .jobs
+        .iter()
+        .filter(|j| j.group == Group::Burst)
+        .cloned()
+        .collect();
+    let baseline = baseline::run(ctx, res, all, &burst_jobs, skus, drain_limit).await?;
+    refuse_if_wrong("the baseline", &baseline.result.errors)?;
     let ceiling = ceiling::measure(ctx, args.burst.max(2_000), &checkout.schedule).await?;
     let measured = Measured {
         orders: total + calib_n,
@@ -93,6 +104,7 @@ pub(crate) async fn timeouts(
         result,
         limit,
         series,
+        baseline,
         ceiling,
         stats,
     };
@@ -137,10 +149,10 @@ async fn checkout(
     (pid, ticks): (u32, f64),
 ) -> anyhow::Result<Checkout> {
     let total = jobs.len();
-    let cpu_before = profile::Cpu::read(pid, ctx.broker_pid, ticks);
+    let cpu_before = profile::Cpu::read(Some(pid), ctx.broker_pid, ticks);
     let started = Instant::now();
     let (ids, sent) = place(ctx, base, jobs, clients, None, "checkout").await?;
-    let cpu_after = profile::Cpu::read(pid, ctx.broker_pid, ticks);
+    let cpu_after = profile::Cpu::read(Some(pid), ctx.broker_pid, ticks);
     let schedule: Vec<Scheduled> = jobs
         .iter()
         .zip(&sent)
@@ -169,15 +181,16 @@ async fn checkout(
     })
 }
 
-/// Fails with every problem found, so that a wrong run reports no figures.
-fn refuse_if_wrong(result: &Analysis) -> anyhow::Result<()> {
-    if !result.errors.is_empty() {
+/// Fails with every problem found in `what` (the run, the baseline), so that
+/// a wrong run reports no figures.
+fn refuse_if_wrong(what: &str, errors: &[String]) -> anyhow::Result<()> {
+    if !errors.is_empty() {
         bail!(
-            "the run was wrong ({} problems):\n  - {}",
-            result.errors.len(),
-            result.errors.join("\n  - ")
+            "{what} was wrong ({} problems):\n  - {}",
+            errors.len(),
+            errors.join("\n  - ")
         );
     }
-    println!("correctness: every check passed");
+    println!("correctness of {what}: every check passed");
     Ok(())
 }

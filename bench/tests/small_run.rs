@@ -108,7 +108,55 @@ fn small_bench_on_sqlite_writes_valid_json() {
             .is_empty(),
         "{report}"
     );
+    check_baseline(&report, &stdout);
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// The same burst (200 orders, one in ten paid) through the bench's plain
+/// poller: there, every unpaid order counted, checked, and set beside ours.
+fn check_baseline(report: &serde_json::Value, stdout: &str) {
+    let b = &report["baseline"];
+    assert_eq!(b["kind"], "poller", "{report}");
+    assert_eq!(b["interval_ms"], 1000, "{report}");
+    assert_eq!(b["batch"], 1000, "{report}");
+    assert_eq!(b["orders"], 200, "{report}");
+    assert_eq!(b["unpaid"], 180, "{report}");
+    assert_eq!(b["cancelled"], 180, "{report}");
+    let l = &b["lateness_ms"];
+    assert_eq!(l["n"], 180, "{report}");
+    for p in ["p50", "p90", "p99", "max"] {
+        assert!(l[p].as_i64().unwrap() >= 0, "baseline {p}: {report}");
+    }
+    assert!(l["p50"].as_i64() <= l["p99"].as_i64(), "{report}");
+    assert!(l["p99"].as_i64() <= l["max"].as_i64(), "{report}");
+    let phase = b["phase_ms"].as_i64().unwrap();
+    assert!((0..1000).contains(&phase), "{report}");
+    assert!(b["wakes"].as_u64().unwrap() >= 1, "{report}");
+    assert!(b["cancels_per_s"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(b["drain_ms"].as_i64().unwrap() >= 0, "{report}");
+    assert!(
+        b["machine_cpu_ms_per_cancel"].as_f64().unwrap() >= 0.0,
+        "{report}"
+    );
+    // SQLite runs inside the process that cancels: no database share of its own.
+    assert!(b["database_cpu_ms_per_cancel"].is_null(), "{report}");
+    for check in [
+        "paid_left_paid",
+        "none_early",
+        "all_unpaid_cancelled",
+        "stock_conserved",
+    ] {
+        assert_eq!(b["checks"][check], true, "{check}: {report}");
+    }
+    let v = &b["versus"];
+    assert_eq!(
+        v["ours"]["p99"], report["lateness_ms"]["burst"]["p99"],
+        "{report}"
+    );
+    assert_eq!(v["poller"]["p99"], l["p99"], "{report}");
+    assert!(v["ours_ahead_on_p99"].is_boolean(), "{report}");
+    assert!(stdout.contains("burst vs a 1 s poller"), "{stdout}");
+    assert!(stdout.contains("p99: ours is"), "{stdout}");
 }
 
 /// The broker the native-mode runs aim at: `ORDER_TIMEOUT_TEST_BROKER` and
