@@ -23,8 +23,8 @@ use crate::profile;
 use crate::report::{self, Measured};
 use order_timeout::domain::Millis;
 
-/// The checkout rate aimed for (PostgreSQL), orders per second.
-const TARGET_CHECKOUT_PER_S: f64 = 3_000.0;
+/// The checkout rate aimed for (PostgreSQL, over HTTP, on two cores), orders per second.
+const TARGET_CHECKOUT_PER_S: f64 = 2_000.0;
 
 /// The burst and steady scenario.
 pub(crate) async fn timeouts(
