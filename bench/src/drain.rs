@@ -66,7 +66,7 @@ pub(crate) async fn wait_drained(
     res: &mut Resources,
     last_due: i64,
     limit: Duration,
-) -> anyhow::Result<Vec<profile::Sample>> {
+) -> anyhow::Result<profile::Drained> {
     let depths = profile::Depths::new(ctx.broker("depths").await?, &ctx.prefix, &ctx.mode).await?;
     let Some(service) = res.service.as_mut() else {
         bail!("the service under test is not running");
@@ -91,10 +91,11 @@ pub(crate) async fn watch(
     first_id: Option<i64>,
     last_due: i64,
     limit: Duration,
-) -> anyhow::Result<Vec<profile::Sample>> {
+) -> anyhow::Result<profile::Drained> {
     // The service's counts stay index-only: no id filter unless asked.
     let scope = first_id.map_or(String::new(), |id| format!(" AND id >= {id}"));
     let ticks = env::clock_ticks();
+    let trace = profile::CpuTrace::start(canceller.service_pid(), ctx.broker_pid, ticks);
     let mut samples = Vec::new();
     let mut printed = Instant::now() - Duration::from_secs(1);
     loop {
@@ -120,7 +121,6 @@ pub(crate) async fn watch(
         .await?;
         samples.push(profile::Sample {
             at_ms: now,
-            cpu: profile::Cpu::read(canceller.service_pid(), ctx.broker_pid, ticks),
             cancelled,
             overdue,
             levels,
@@ -132,7 +132,7 @@ pub(crate) async fn watch(
                 "{}drained: {cancelled} cancelled, none pending",
                 canceller.prefix()
             );
-            return Ok(samples);
+            return Ok((samples, trace.finish()));
         }
         let since_last = now - last_due;
         if since_last > limit.as_millis() as i64 {

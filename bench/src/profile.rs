@@ -1,7 +1,10 @@
-//! Where a burst's time goes: while the bench waits for the drain it samples,
-//! every [`SAMPLE_EVERY`], the CPU time of each process on the machine that takes
-//! part (broker, database, service, the bench itself) and where the due timers
-//! are (still in the TTL levels, in the ingest queue, or ready in the work queue).
+//! Where a burst's time goes: while the bench waits for the drain it reads,
+//! every [`CPU_EVERY`] on a thread of its own ([`CpuTrace`]), the CPU time of
+//! each process on the machine that takes part (broker, database, service,
+//! the bench itself), and samples every [`SAMPLE_EVERY`] where the due timers
+//! are (still in the TTL levels, in the ingest queue, or ready in the work
+//! queue) and how many orders are overdue. CPU over a window is read at its
+//! edges exactly, interpolated between the readings around each.
 //! From those samples [`Profile::limit`] names the resource that held the burst
 //! back and says by how much it falls short of the target.
 
@@ -18,6 +21,11 @@ use order_timeout::domain::TimeoutKind;
 
 /// How often the drain is sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// How often the CPU is read, apart from the drain's samples: a drain sample
+/// waits for database counts that a saturated database answers late, and a
+/// burst window is only a second or two.
+pub const CPU_EVERY: Duration = Duration::from_millis(50);
 
 /// The burst rate aimed for, cancels per second.
 pub const TARGET_BURST_PER_S: f64 = 10_000.0;
@@ -125,13 +133,84 @@ impl Cpu {
     }
 }
 
+impl Cpu {
+    /// The reading a fraction `f` of the way from `a` to `b`.
+    fn between_readings(a: &Cpu, b: &Cpu, f: f64) -> Cpu {
+        let mix = |x: f64, y: f64| x + (y - x) * f;
+        let mut by_role = [0.0; 4];
+        for (i, r) in by_role.iter_mut().enumerate() {
+            *r = mix(a.by_role[i], b.by_role[i]);
+        }
+        Cpu {
+            by_role,
+            busy_s: mix(a.busy_s, b.busy_s),
+            total_s: mix(a.total_s, b.total_s),
+        }
+    }
+}
+
+/// CPU readings every [`CPU_EVERY`] from a thread of their own, while a drain
+/// is watched: no database query stands between two of them.
+pub struct CpuTrace {
+    readings: std::sync::Arc<std::sync::Mutex<Vec<(i64, Cpu)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CpuTrace {
+    /// Starts reading (see [`Cpu::read`] for `service` and `broker`).
+    pub fn start(service: Option<u32>, broker: Option<u32>, ticks: f64) -> Self {
+        use std::sync::atomic::Ordering;
+        let readings = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (readings, stop) = (readings.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let at = order_timeout::domain::Millis::now().0;
+                    let cpu = Cpu::read(service, broker, ticks);
+                    if let Ok(mut r) = readings.lock() {
+                        r.push((at, cpu));
+                    }
+                    std::thread::sleep(CPU_EVERY);
+                }
+            })
+        };
+        Self {
+            readings,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops reading; the readings so far, oldest first.
+    pub fn finish(mut self) -> Vec<(i64, Cpu)> {
+        self.halt();
+        self.readings
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default()
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for CpuTrace {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
 /// One look at the drain.
 #[derive(Debug, Clone)]
 pub struct Sample {
     /// When (epoch ms).
     pub at_ms: i64,
-    /// CPU seconds so far.
-    pub cpu: Cpu,
     /// Orders cancelled so far.
     pub cancelled: i64,
     /// Orders still `pending_payment` whose deadline has passed.
@@ -217,9 +296,14 @@ pub struct CpuPerCancel {
     pub database_ms: f64,
 }
 
+/// What a drain's watch took: its samples and its CPU readings.
+pub type Drained = (Vec<Sample>, Vec<(i64, Cpu)>);
+
 /// The samples of one drain and what they say.
 pub struct Profile {
     samples: Vec<Sample>,
+    /// The CPU readings of the same drain ([`CpuTrace`]), oldest first.
+    cpu: Vec<(i64, Cpu)>,
 }
 
 /// CPU used over a window, in cores.
@@ -285,18 +369,29 @@ impl Cores {
 }
 
 impl Profile {
-    /// Wraps the samples taken during one drain.
-    pub fn new(samples: Vec<Sample>) -> Self {
-        Self { samples }
+    /// Wraps the samples and the CPU readings taken during one drain.
+    pub fn new((samples, cpu): Drained) -> Self {
+        Self { samples, cpu }
     }
 
-    /// CPU between the last sample at or before `from_ms` and the first at or
-    /// after `to_ms`.
+    /// The CPU reading at `ms`, interpolated between the two around it.
+    fn cpu_at(&self, ms: i64) -> Option<Cpu> {
+        let after = self.cpu.iter().position(|(at, _)| *at >= ms)?;
+        let (b_at, b) = &self.cpu[after];
+        if after == 0 {
+            return (*b_at == ms).then(|| b.clone());
+        }
+        let (a_at, a) = &self.cpu[after - 1];
+        let f = (ms - a_at) as f64 / (b_at - a_at).max(1) as f64;
+        Some(Cpu::between_readings(a, b, f))
+    }
+
+    /// CPU between `from_ms` and `to_ms` exactly, from the readings
+    /// around each.
     fn cores(&self, from_ms: i64, to_ms: i64) -> Option<Cores> {
-        let a = self.samples.iter().rev().find(|s| s.at_ms <= from_ms)?;
-        let b = self.samples.iter().find(|s| s.at_ms >= to_ms)?;
-        let wall_s = (b.at_ms - a.at_ms) as f64 / 1000.0;
-        (wall_s > 0.0).then(|| Cores::between(&a.cpu, &b.cpu, wall_s))
+        let wall_s = (to_ms - from_ms) as f64 / 1000.0;
+        let (a, b) = (self.cpu_at(from_ms)?, self.cpu_at(to_ms)?);
+        (wall_s > 0.0).then(|| Cores::between(&a, &b, wall_s))
     }
 
     /// CPU per cancel between the first and last cancel (epoch ms), `cancels`
