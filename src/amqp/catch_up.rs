@@ -149,6 +149,9 @@ pub(super) struct CatchUp {
     /// When the next deadline the last round read passes (just after it, by
     /// this host's monotonic clock), or when to read it again.
     wake_at: Option<Instant>,
+    /// Whether the last round stopped at [`MAX_PAGES`] full pages and
+    /// applied orders: more are due than a round takes.
+    behind: bool,
 }
 
 impl CatchUp {
@@ -161,7 +164,17 @@ impl CatchUp {
             found: false,
             wakes,
             wake_at: None,
+            behind: false,
         }
+    }
+
+    /// Whether more orders are due than a round takes: the consumer then
+    /// leaves its deliveries in the broker until the rounds catch up. Their
+    /// orders are being applied anyway, and a broker that delivers and takes
+    /// acks for them meanwhile takes the CPU the database needs; afterwards
+    /// they are acked without a round trip.
+    pub(super) fn behind(&self) -> bool {
+        self.behind
     }
 
     /// Whether catch-ups are applying due orders now: the next one follows
@@ -233,6 +246,7 @@ impl CatchUp {
         if ctx.pauses.kind_paused(self.kind) {
             // No round follows on its own until a resumed consumer asks.
             self.found = false;
+            self.behind = false;
             self.wake_at = Some(started + REFRESH);
             return 0;
         }
@@ -245,6 +259,7 @@ impl CatchUp {
         // One reading of the database's clock picks the round's pages; each
         // page's transaction reads it again, and applies only what is due.
         let Ok(now) = clock::now(&ctx.db).await else {
+            self.behind = false;
             return 0;
         };
         // The reading is of a moment before this one: a wait reckoned from
@@ -252,6 +267,7 @@ impl CatchUp {
         let read_at = Instant::now();
         let mut pages = Vec::new();
         let mut after = None;
+        let mut more = false;
         // Paused meanwhile: the pages read so far are refused by the gate.
         while pages.len() < MAX_PAGES && !ctx.pauses.kind_paused(self.kind) {
             let page = match ctx
@@ -279,6 +295,7 @@ impl CatchUp {
                 .filter(|key| !self.refused.contains(key))
                 .collect();
             pages.push(keys);
+            more = full;
             if !full {
                 break;
             }
@@ -287,6 +304,7 @@ impl CatchUp {
         // refuses alone, which later catch-ups pass over; the database away
         // ends it quietly (the consumer's own path pauses).
         let kind = self.kind;
+        let pages_read = pages.len();
         let results: Vec<Decided> = stream::iter(pages)
             .map(|keys| async move {
                 apply(ctx, kind, keys, Cause::Timeout, OnRefusal::PassOver)
@@ -309,6 +327,7 @@ impl CatchUp {
             }
         }
         self.found = caught > 0;
+        self.behind = self.found && more && pages_read == MAX_PAGES;
         if !self.found && self.wakes {
             self.wake_at = Some(read_at + next_wait(ctx, self.kind, now).await);
         }

@@ -195,7 +195,10 @@ impl KindConsumer {
                 Some(expired) = self.held.next(), if !self.held.is_empty() => {
                     self.released(expired.into_inner())
                 }
-                next = deliveries.next() => match self.received(next) {
+                // More orders are due than a catch-up round takes: the
+                // deliveries wait in the broker meanwhile (see
+                // `CatchUp::behind`).
+                next = deliveries.next(), if !self.catch_up.behind() => match self.received(next) {
                     Ok(d) => d,
                     Err(e) => break Err(e),
                 },
