@@ -90,32 +90,51 @@ pub async fn run(
     mode: Mode,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    let mut timeouts = Lane::new(Timeouts { mode });
+    let mut domain_events = Lane::new(DomainEvents);
+    let relayed = relay(&ctx, &conn, &mut timeouts, &mut domain_events, &shutdown).await;
+    if relayed.is_err() {
+        // The connection broke: the rounds out of both outboxes are given
+        // back now, not left to their lease (the lane whose round failed has
+        // given back its own already).
+        timeouts.release_all(&ctx).await;
+        domain_events.release_all(&ctx).await;
+    }
+    relayed
+}
+
+/// The relay's passes, until shutdown or a connection failure.
+async fn relay(
+    ctx: &Context,
+    conn: &Connection,
+    timeouts: &mut Lane<Timeouts>,
+    domain_events: &mut Lane<DomainEvents>,
+    shutdown: &CancellationToken,
+) -> Result<(), Error> {
     let channel = conn.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let mut events = conn.events_listener();
-    let mut timeouts = Lane::new(Timeouts { mode });
-    let mut domain_events = Lane::new(DomainEvents);
     let mut reloads = ctx.reloader.subscribe();
     loop {
         if shutdown.is_cancelled() {
             // The rounds out are drained, or given back: none is left to
             // wait out its lease.
-            finish(&ctx, &mut timeouts, &mut domain_events, &shutdown).await?;
+            finish(ctx, timeouts, domain_events, shutdown).await?;
             return Ok(());
         }
         // Paused: no row is published until resumed; the rows wait in the
         // database, and a lost connection is still noticed. The rounds
         // already out were claimed before the pause was seen: they finish.
         if ctx.pauses.is_paused(Pausable::Relay) {
-            if !finish(&ctx, &mut timeouts, &mut domain_events, &shutdown).await? {
+            if !finish(ctx, timeouts, domain_events, shutdown).await? {
                 return Ok(());
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = ctx.pauses.until(Pausable::Relay, false) => {}
-                event = events.next() => connection_event(&ctx, event)?,
+                event = events.next() => connection_event(ctx, event)?,
             }
             continue;
         }
@@ -125,13 +144,13 @@ pub async fn run(
         // A shop's own table has no timeout outbox of ours: its checkout
         // publishes the timeouts; only the events are relayed.
         if ctx.orders.is_owned() && timeouts.turn.due() {
-            match timeouts.step(&ctx, &channel, &shutdown).await? {
+            match timeouts.step(ctx, &channel, shutdown).await? {
                 Progress::Stopped => continue,
                 progress => busy |= progress == Progress::Busy,
             }
         }
         if domain_events.turn.due() {
-            match domain_events.step(&ctx, &channel, &shutdown).await? {
+            match domain_events.step(ctx, &channel, shutdown).await? {
                 Progress::Stopped => continue,
                 progress => busy |= progress == Progress::Busy,
             }
@@ -151,7 +170,7 @@ pub async fn run(
             _ = tokio::time::sleep(ctx.live().relay.interval) => {}
             _ = ctx.pauses.until(Pausable::Relay, true) => {}
             _ = reloads.changed() => {}
-            event = events.next() => connection_event(&ctx, event)?,
+            event = events.next() => connection_event(ctx, event)?,
         }
     }
 }
