@@ -3,27 +3,40 @@
 //! confirmed its message. Nothing is published inside a transaction; with the
 //! broker down, rows wait in their table and go out when it is back.
 //!
-//! - **Timeouts** (`outbox`, [`timeout_round`]): valid by construction, so they
+//! - **Timeouts** (`outbox`, [`Timeouts`]): valid by construction, so they
 //!   go straight into the delay stage of the mode in effect (the right TTL
 //!   level, or the plugin's exchange): no ingest hop, no router hop.
-//! - **Domain events** (`order_timeout_events`, [`event_round`]): to
+//! - **Domain events** (`order_timeout_events`, [`DomainEvents`]): to
 //!   `<prefix>.events`, routing key `order.<event>`, with the body and message
 //!   id stored at insert. This part touches no other table: it works
 //!   whichever tables hold the orders.
 //!
-//! Each pass runs one round of timeouts, then one round of events: timeouts
-//! go first, and a backlog of events delays them by at most one round. A round
-//! claims up to `relay.batch_size` rows (see `store::outbox_claim`), publishes
-//! them without waiting between them, then collects the confirms, so the round
-//! trip is paid once per batch.
+//! Each pass runs one step of timeouts, then one step of events: timeouts go
+//! first, and a backlog of events delays them by at most one round. A step
+//! claims up to `relay.batch_size` rows (see `store::outbox_claim`) and
+//! publishes them without waiting between them, and without waiting for their
+//! confirms: up to `relay.rounds_in_flight` rounds of a table are out at once
+//! (their rows held by the claim's lease), and with that many out, the oldest
+//! is settled (its confirms collected, its confirmed rows deleted, its
+//! refusals recorded) while the next one is claimed. So the broker's round
+//! trip and the delete no longer stand between two claims. A table with
+//! nothing more to claim, a pause and shutdown settle every round out first:
+//! an idle relay owes no confirm and holds no row; a broken connection gives
+//! back every row of every round out.
+//!
+//! Pipelining keeps the events of one order in order as well as one round
+//! did: rounds are claimed oldest first and published on one channel, which
+//! the broker keeps in order; only a refusal (retried later) or a lost
+//! connection (every round out given back and published again, oldest first)
+//! can put a later event first, and they could within one round already.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::options::ConfirmSelectOptions;
-use lapin::{BasicProperties, Connection, Event};
+use lapin::{BasicProperties, Connection, Event, PublisherConfirm};
 use sea_orm::EntityTrait;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -77,24 +90,51 @@ pub async fn run(
     mode: Mode,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    let mut timeouts = Lane::new(Timeouts { mode });
+    let mut domain_events = Lane::new(DomainEvents);
+    let relayed = relay(&ctx, &conn, &mut timeouts, &mut domain_events, &shutdown).await;
+    if relayed.is_err() {
+        // The connection broke: the rounds out of both outboxes are given
+        // back now, not left to their lease (the lane whose round failed has
+        // given back its own already).
+        timeouts.release_all(&ctx).await;
+        domain_events.release_all(&ctx).await;
+    }
+    relayed
+}
+
+/// The relay's passes, until shutdown or a connection failure.
+async fn relay(
+    ctx: &Context,
+    conn: &Connection,
+    timeouts: &mut Lane<Timeouts>,
+    domain_events: &mut Lane<DomainEvents>,
+    shutdown: &CancellationToken,
+) -> Result<(), Error> {
     let channel = conn.create_channel().await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
     let mut events = conn.events_listener();
-    let (mut timeouts, mut domain_events) = (Turn::new(), Turn::new());
     let mut reloads = ctx.reloader.subscribe();
     loop {
         if shutdown.is_cancelled() {
+            // The rounds out are drained, or given back: none is left to
+            // wait out its lease.
+            finish(ctx, timeouts, domain_events, shutdown).await?;
             return Ok(());
         }
         // Paused: no row is published until resumed; the rows wait in the
-        // database, and a lost connection is still noticed.
+        // database, and a lost connection is still noticed. The rounds
+        // already out were claimed before the pause was seen: they finish.
         if ctx.pauses.is_paused(Pausable::Relay) {
+            if !finish(ctx, timeouts, domain_events, shutdown).await? {
+                return Ok(());
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = ctx.pauses.until(Pausable::Relay, false) => {}
-                event = events.next() => connection_event(&ctx, event)?,
+                event = events.next() => connection_event(ctx, event)?,
             }
             continue;
         }
@@ -103,34 +143,54 @@ pub async fn run(
         let mut busy = false;
         // A shop's own table has no timeout outbox of ours: its checkout
         // publishes the timeouts; only the events are relayed.
-        if ctx.orders.is_owned() && timeouts.due() {
-            match timeout_round(&ctx, &channel, mode, &mut timeouts, &shutdown).await? {
-                Progress::Stopped => return Ok(()),
+        if ctx.orders.is_owned() && timeouts.turn.due() {
+            match timeouts.step(ctx, &channel, shutdown).await? {
+                Progress::Stopped => continue,
                 progress => busy |= progress == Progress::Busy,
             }
         }
-        if domain_events.due() {
-            match event_round(&ctx, &channel, &mut domain_events, &shutdown).await? {
-                Progress::Stopped => return Ok(()),
+        if domain_events.turn.due() {
+            match domain_events.step(ctx, &channel, shutdown).await? {
+                Progress::Stopped => continue,
                 progress => busy |= progress == Progress::Busy,
             }
         }
         if busy {
             continue;
         }
+        // No round is out here: a lane that found nothing to claim, or
+        // whose database failed, settled its rounds before saying so.
         // Woken at once by a transaction's commit, or by the interval as a
         // fallback (which also ends a table's backoff); a lost connection is
         // noticed here too, not only at the next publish. A pause or a
         // reload ends the wait, to be seen at once.
         tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => {}
             _ = ctx.orders.committed().wait() => {}
             _ = tokio::time::sleep(ctx.live().relay.interval) => {}
             _ = ctx.pauses.until(Pausable::Relay, true) => {}
             _ = reloads.changed() => {}
-            event = events.next() => connection_event(&ctx, event)?,
+            event = events.next() => connection_event(ctx, event)?,
         }
     }
+}
+
+/// Settles every round of both lanes still out (shutdown, a pause): the
+/// confirmed rows are deleted, the others given back. Ok(true) when all were
+/// settled; Ok(false) when shutdown came while the database refused a delete
+/// (the rest were given back).
+async fn finish(
+    ctx: &Context,
+    timeouts: &mut Lane<Timeouts>,
+    domain_events: &mut Lane<DomainEvents>,
+    shutdown: &CancellationToken,
+) -> Result<bool, Error> {
+    let settled = timeouts.drain(ctx, shutdown).await?;
+    if !settled {
+        domain_events.release_all(ctx).await;
+        return Ok(false);
+    }
+    domain_events.drain(ctx, shutdown).await
 }
 
 /// An event of the relay's connection: a block is reported.
@@ -185,28 +245,6 @@ impl Turn {
         self.not_before = Some(Instant::now() + delay);
         delay
     }
-}
-
-/// One round of timeout rows (the `outbox` table), into the delay stage of `mode`.
-async fn timeout_round(
-    ctx: &Context,
-    channel: &lapin::Channel,
-    mode: Mode,
-    turn: &mut Turn,
-    shutdown: &CancellationToken,
-) -> Result<Progress, Error> {
-    round(ctx, channel, &Timeouts { mode }, turn, shutdown).await
-}
-
-/// One round of domain event rows (the `order_timeout_events` table), to
-/// `<prefix>.events`. Needs no other table of the service.
-async fn event_round(
-    ctx: &Context,
-    channel: &lapin::Channel,
-    turn: &mut Turn,
-    shutdown: &CancellationToken,
-) -> Result<Progress, Error> {
-    round(ctx, channel, &DomainEvents, turn, shutdown).await
 }
 
 /// A message ready to go.
@@ -313,65 +351,201 @@ impl Source for DomainEvents {
     }
 }
 
-/// Claims, publishes and settles one round of a source's rows. Errors only
-/// when the connection or channel broke (the claimed rows are given back).
-async fn round<S: Source>(
-    ctx: &Context,
-    channel: &lapin::Channel,
-    source: &S,
-    turn: &mut Turn,
-    shutdown: &CancellationToken,
-) -> Result<Progress, Error> {
+/// One table's side of the relay: what its rows become, its backoff, and
+/// its rounds out (published, their confirms outstanding), oldest first.
+struct Lane<S: Source> {
+    /// The table, and what its rows become.
+    source: S,
+    /// Its backoff after a database failure.
+    turn: Turn,
+    /// Rounds published and not yet settled: at most `relay.rounds_in_flight`.
+    in_flight: VecDeque<InFlight<S>>,
+}
+
+/// A round whose rows are claimed (and mostly published): what the broker
+/// says about them is still to be collected.
+struct InFlight<S: Source> {
+    /// Every row the round claimed, in claim order.
+    rows: Vec<Row<S>>,
+    /// The database's clock read for the claim: the lease, the `x-delay`s
+    /// and a refused row's wait are reckoned from it.
+    now: Millis,
+    /// Each published row (its index in `rows`), its exchange, its confirm.
+    confirms: Vec<(usize, String, PublisherConfirm)>,
+}
+
+impl<S: Source> Lane<S> {
+    fn new(source: S) -> Self {
+        Self {
+            source,
+            turn: Turn::new(),
+            in_flight: VecDeque::new(),
+        }
+    }
+
+    /// Claims and publishes one round; with `relay.rounds_in_flight` out
+    /// already, the oldest is settled while the next one is claimed, so a
+    /// round waits neither for the broker's confirms of the last ones nor for
+    /// their delete. Errors only when the connection or channel broke: then
+    /// every row of every round out has been given back.
+    async fn step(
+        &mut self,
+        ctx: &Context,
+        channel: &lapin::Channel,
+        shutdown: &CancellationToken,
+    ) -> Result<Progress, Error> {
+        let limit = ctx.live().relay.rounds_in_flight;
+        // A reload may have lowered the bound below what is out.
+        while self.in_flight.len() > limit {
+            if !self.settle_oldest(ctx, shutdown).await? {
+                return Ok(Progress::Stopped);
+            }
+        }
+        let mut oldest = if self.in_flight.len() == limit {
+            self.in_flight.pop_front()
+        } else {
+            None
+        };
+        let (settled, claimed) = tokio::join!(
+            async {
+                match oldest.as_mut() {
+                    Some(round) => settle(ctx, &self.source, round, shutdown).await,
+                    None => Ok(true),
+                }
+            },
+            claim::<S>(ctx, &mut self.turn),
+        );
+        // Every row still held is in `in_flight` from here on, so that one
+        // release gives all of them back.
+        let kept = claimed.is_some();
+        if let Some(round) = claimed {
+            self.in_flight.push_back(round);
+        }
+        match settled {
+            Ok(true) => {}
+            failed => {
+                if let Some(round) = oldest {
+                    self.in_flight.push_front(round);
+                }
+                self.release_all(ctx).await;
+                return failed.map(|_| Progress::Stopped);
+            }
+        }
+        let Some(round) = self.in_flight.back_mut().filter(|_| kept) else {
+            // The database failed: the rounds out are settled now rather than
+            // left waiting out the backoff.
+            return Ok(match self.drain(ctx, shutdown).await? {
+                true => Progress::Paused,
+                false => Progress::Stopped,
+            });
+        };
+        if round.rows.is_empty() {
+            self.in_flight.pop_back();
+            // Nothing more to claim: the rounds out are settled, so an idle
+            // relay holds no row and owes no confirm. A commit made meanwhile
+            // has raised the signal the relay then waits on.
+            return Ok(match self.drain(ctx, shutdown).await? {
+                true => Progress::Idle,
+                false => Progress::Stopped,
+            });
+        }
+        // A pause that came while the rows were claimed holds them too: a row
+        // committed after `pause` answered is not published. The rounds out
+        // were claimed before it was seen: they finish.
+        if ctx.pauses.is_paused(Pausable::Relay) {
+            if let Some(round) = self.in_flight.pop_back() {
+                release::<S>(ctx, &round.rows).await;
+            }
+            return Ok(match self.drain(ctx, shutdown).await? {
+                true => Progress::Idle,
+                false => Progress::Stopped,
+            });
+        }
+        if let Err(e) = publish(ctx, channel, &self.source, round).await {
+            // The connection broke mid-round: the rows of every round out are
+            // given back now rather than at the end of their lease (those
+            // already confirmed go out twice: a timeout twice is a no-op for
+            // the consumer, an event twice carries the same message id).
+            self.release_all(ctx).await;
+            return Err(e);
+        }
+        Ok(Progress::Busy)
+    }
+
+    /// Settles the oldest round out; false when shutdown came first. On
+    /// false or an error every round out has been given back.
+    async fn settle_oldest(
+        &mut self,
+        ctx: &Context,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, Error> {
+        let Some(round) = self.in_flight.front_mut() else {
+            return Ok(true);
+        };
+        let settled = settle(ctx, &self.source, round, shutdown).await;
+        if matches!(settled, Ok(true)) {
+            self.in_flight.pop_front();
+        } else {
+            self.release_all(ctx).await;
+        }
+        settled
+    }
+
+    /// Settles every round out, oldest first; false when shutdown came first.
+    /// On false or an error every round out has been given back.
+    async fn drain(&mut self, ctx: &Context, shutdown: &CancellationToken) -> Result<bool, Error> {
+        while !self.in_flight.is_empty() {
+            if !self.settle_oldest(ctx, shutdown).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Gives back every row of every round out, confirmed or not.
+    async fn release_all(&mut self, ctx: &Context) {
+        let rows: Vec<Row<S>> = self.in_flight.drain(..).flat_map(|r| r.rows).collect();
+        release::<S>(ctx, &rows).await;
+    }
+}
+
+/// Claims the next round of a source's rows. None when the database failed:
+/// the table then waits out its backoff.
+async fn claim<S: Source>(ctx: &Context, turn: &mut Turn) -> Option<InFlight<S>> {
     let batch = ctx.live().relay.batch_size;
     // One reading of the database's clock for the round: the claim's lease
     // and each timeout's `x-delay` (its deadline less this) are reckoned from
-    // it, so a relay whose host clock runs fast publishes no delay short.
+    // it, so a relay whose host clock runs fast publishes no delay short. It
+    // is older still when the round publishes (after the last round's
+    // settling): a delay only errs longer.
     let claimed = match clock::now(&ctx.db).await {
         Ok(now) => store::outbox_claim::<S::Table>(&ctx.db, batch, now)
             .await
             .map(|rows| (now, rows)),
         Err(e) => Err(e),
     };
-    let (now, rows) = match claimed {
-        Ok(claimed) => {
+    match claimed {
+        Ok((now, rows)) => {
             turn.answered();
-            claimed
+            Some(InFlight {
+                confirms: Vec::with_capacity(rows.len()),
+                rows,
+                now,
+            })
         }
         Err(e) => {
             let delay = turn.failed();
             ctx.telemetry.paused("relay", &e.to_string(), delay);
-            return Ok(Progress::Paused);
+            None
         }
-    };
-    if rows.is_empty() {
-        return Ok(Progress::Idle);
     }
-    // A pause that came while the rows were claimed holds them too: a row
-    // committed after `pause` answered is not published.
-    if ctx.pauses.is_paused(Pausable::Relay) {
-        release::<S>(ctx, &rows).await;
-        return Ok(Progress::Idle);
-    }
-    let round = match publish_round(ctx, channel, source, &rows, now).await {
-        Ok(round) => round,
-        Err(e) => {
-            // The connection broke mid-round: give the rows back now rather
-            // than at the end of the lease (those already confirmed go out
-            // twice: a timeout twice is a no-op for the consumer, an event
-            // twice carries the same message id).
-            release::<S>(ctx, &rows).await;
-            return Err(e);
-        }
-    };
-    Ok(if settle(ctx, source, round, now, shutdown).await {
-        Progress::Busy
-    } else {
-        Progress::Stopped
-    })
 }
 
 /// Gives claimed rows back before their lease ends, for the next round.
 async fn release<S: Source>(ctx: &Context, rows: &[Row<S>]) {
+    if rows.is_empty() {
+        return;
+    }
     let ids: Vec<i64> = rows.iter().map(S::Table::row_id).collect();
     if let Err(release) = store::outbox_release::<S::Table>(&ctx.db, &ids).await {
         // Then they come back when their lease ends.
@@ -380,16 +554,25 @@ async fn release<S: Source>(ctx: &Context, rows: &[Row<S>]) {
     }
 }
 
-/// Deletes the rows the broker confirmed and records the refusals; false when
-/// shutdown came first.
+/// Collects a round's confirms, deletes the rows the broker confirmed and
+/// records the refusals; false when shutdown came while the database refused
+/// the delete. Errors only when the connection or channel broke (the caller
+/// gives the rows back).
 async fn settle<S: Source>(
     ctx: &Context,
     source: &S,
-    round: Round<'_, Row<S>>,
-    now: Millis,
+    round: &mut InFlight<S>,
     shutdown: &CancellationToken,
-) -> bool {
-    let Round { confirmed, refused } = round;
+) -> Result<bool, Error> {
+    let mut confirmed = Vec::with_capacity(round.confirms.len());
+    let mut refused = Vec::new();
+    for (i, exchange, confirm) in round.confirms.drain(..) {
+        // A broken connection fails here.
+        match amqp_confirmed(confirm.await?, &exchange) {
+            Ok(()) => confirmed.push(&round.rows[i]),
+            Err(e) => refused.push((&round.rows[i], e.to_string())),
+        }
+    }
     let ids: Vec<i64> = confirmed.iter().map(|r| S::Table::row_id(r)).collect();
     // A failure to delete only means the rows are published again: the
     // consumer treats a duplicate timeout as a no-op, and a duplicate event
@@ -399,7 +582,7 @@ async fn settle<S: Source>(
         let delay = delete_backoff.next_delay();
         ctx.telemetry.paused("relay", &e.to_string(), delay);
         if !pause(shutdown, delay).await {
-            return false;
+            return Ok(false);
         }
     }
     source.published(ctx, &confirmed);
@@ -410,7 +593,7 @@ async fn settle<S: Source>(
         // Not retried at once: each refused row waits, and the rows behind
         // it go out meanwhile; one refused too often is set aside.
         let max_attempts = ctx.settings.relay.max_attempts;
-        match store::outbox_refused::<S::Table>(&ctx.db, &refused, max_attempts, now).await {
+        match store::outbox_refused::<S::Table>(&ctx.db, &refused, max_attempts, round.now).await {
             Ok(set_aside) if !set_aside.is_empty() => {
                 ctx.telemetry.outbox_set_aside(outbox, &set_aside, first);
             }
@@ -421,31 +604,21 @@ async fn settle<S: Source>(
                 .paused("relay", &e.to_string(), Duration::ZERO),
         }
     }
-    true
+    Ok(true)
 }
 
-/// What the broker said about one round's rows.
-struct Round<'a, M> {
-    /// Rows the broker confirmed.
-    confirmed: Vec<&'a M>,
-    /// Rows the broker refused, with its words.
-    refused: Vec<(&'a M, String)>,
-}
-
-/// Publishes one round's rows without waiting between them, then collects the
-/// confirms. Rows the source cannot publish are set aside, not deleted.
-/// Errors only when the connection or channel broke.
-async fn publish_round<'a, S: Source>(
+/// Publishes a round's rows without waiting between them or for their
+/// confirms (collected by [`settle`]). Rows the source cannot publish are set
+/// aside, not deleted. Errors only when the connection or channel broke.
+async fn publish<S: Source>(
     ctx: &Context,
     channel: &lapin::Channel,
     source: &S,
-    rows: &'a [Row<S>],
-    now: Millis,
-) -> Result<Round<'a, Row<S>>, Error> {
-    let mut pending = Vec::with_capacity(rows.len());
+    round: &mut InFlight<S>,
+) -> Result<(), Error> {
     let mut unpublishable: BTreeMap<&'static str, Vec<i64>> = BTreeMap::new();
-    for row in rows {
-        let out = match source.message(ctx, row, now) {
+    for (i, row) in round.rows.iter().enumerate() {
+        let out = match source.message(ctx, row, round.now) {
             Ok(out) => out,
             Err(reason) => {
                 let ids = unpublishable.entry(reason).or_default();
@@ -462,10 +635,10 @@ async fn publish_round<'a, S: Source>(
                 out.properties,
             )
             .await?;
-        pending.push((row, out.exchange, confirm));
+        round.confirms.push((i, out.exchange, confirm));
     }
     for (reason, ids) in unpublishable {
-        match store::outbox_set_aside::<S::Table>(&ctx.db, &ids, reason, now).await {
+        match store::outbox_set_aside::<S::Table>(&ctx.db, &ids, reason, round.now).await {
             Ok(()) => ctx
                 .telemetry
                 .outbox_set_aside(S::Table::OUTBOX, &ids, reason),
@@ -474,16 +647,5 @@ async fn publish_round<'a, S: Source>(
                 .paused("relay", &e.to_string(), Duration::ZERO),
         }
     }
-    let mut round = Round {
-        confirmed: Vec::with_capacity(pending.len()),
-        refused: Vec::new(),
-    };
-    for (row, exchange, confirm) in pending {
-        // A broken connection fails here; the caller gives the rows back.
-        match amqp_confirmed(confirm.await?, &exchange) {
-            Ok(()) => round.confirmed.push(row),
-            Err(e) => round.refused.push((row, e.to_string())),
-        }
-    }
-    Ok(round)
+    Ok(())
 }

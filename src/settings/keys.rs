@@ -371,6 +371,12 @@ settings! {
         enabled: bool = "true", |k, v, _| parse_bool(k, v);
         /// Most outbox rows published per round (1 to 10000).
         [live] batch_size: u64 = "500", |k, v, _| parse_range(k, v, 1, MAX_BATCH);
+        // The next round is claimed and published while the broker confirms
+        // the last ones: a round costs the database's round trips, not also
+        // the broker's. Each round out holds up to batch_size rows in memory
+        // and unconfirmed messages on the channel.
+        /// Most relay rounds published whose confirms are still outstanding, per outbox (1 to 64).
+        [live] rounds_in_flight: usize = "4", |k, v, _| parse_range(k, v, 1, 64);
         /// How often the relay looks at the outbox when no commit woke it (1ms to 60s).
         [live] interval: Duration = "200ms", |k, v, _| parse_duration(k, v, MS, SEC * 60);
         /// Refusals by the broker after which an outbox row is set aside with its reason (1 to 1000).

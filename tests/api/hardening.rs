@@ -219,14 +219,17 @@ async fn one_refused_order_does_not_stop_the_rest_mariadb() {
     .await
 }
 
-/// Outbox rows as a checkout writes them, `n` of them.
-async fn outbox_rows(db: &DatabaseConnection, n: usize, kind: &str) {
+/// How far ahead the rows written here fall due: none does during a test.
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// Outbox rows as a checkout writes them, `n` of them, due in `due_in`.
+pub async fn outbox_rows(db: &DatabaseConnection, n: usize, kind: &str, due_in: Duration) {
     let now = Millis::now();
     for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
         outbox::Entity::insert_many(chunk.iter().map(|i| outbox::ActiveModel {
             order_id: Set(*i as i64 + 1),
             kind: Set(kind.to_string()),
-            due_at_ms: Set(now.0 + 60_000),
+            due_at_ms: Set(now.plus(due_in).0),
             created_at_ms: Set(now.0),
             attempts: Set(0),
             ..Default::default()
@@ -245,7 +248,7 @@ async fn relays_claim_disjoint_rows(backend: Backend) {
     )
     .await;
     let db = Arc::new(app.ctx.db.clone());
-    outbox_rows(&db, 2000, "payment").await;
+    outbox_rows(&db, 2000, "payment", MINUTE).await;
     let mut relays = Vec::new();
     for _ in 0..4 {
         let db = db.clone();
@@ -279,7 +282,7 @@ async fn relays_claim_disjoint_rows(backend: Backend) {
 
     // A relay that claimed rows and died: nobody else takes them until the
     // lease is over, then anybody does.
-    outbox_rows(&db, 10, "payment").await;
+    outbox_rows(&db, 10, "payment", MINUTE).await;
     let now = Millis::now();
     let orphaned = store::outbox_claim::<outbox::Entity>(&db, 100, now)
         .await
@@ -444,7 +447,7 @@ async fn refused_rows_wait_and_are_set_aside_postgres() {
 /// it) is set aside and kept, not deleted; the others go out as usual.
 async fn unknown_rows_are_kept(backend: Backend, mode: DelayMode) {
     let app = spawn_app(Spawn::new(backend, mode)).await;
-    outbox_rows(&app.ctx.db, 1, "refund").await;
+    outbox_rows(&app.ctx.db, 1, "refund", MINUTE).await;
     app.put_stock("A", 1).await;
     let id = app.order(&[("A", 1)], "1500ms").await;
     app.cancelled_on_time(&id, Duration::from_secs(20)).await;

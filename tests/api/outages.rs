@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use order_timeout::db::entities::outbox;
+use sea_orm::{EntityTrait, PaginatorTrait};
+
+use crate::hardening::outbox_rows;
 use crate::helpers::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,6 +49,65 @@ async fn broker_connections_killed_mid_flow() {
     );
     app.wait_ready(Duration::from_secs(20), "ready again after reconnecting")
         .await;
+}
+
+/// The relay's connection killed while several of its rounds are out (small
+/// rounds, eight of them in flight, a backlog of many rounds): every row of
+/// every round out is given back, so none is lost and the outbox empties, and
+/// each timer is in the delay stage at least once (one confirmed before the
+/// kill may be there twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_killed_with_rounds_in_flight() {
+    let app = spawn_app(
+        Spawn::new(Backend::Postgres, DelayMode::Ttl)
+            .env("ORDER_TIMEOUT__RELAY__BATCH_SIZE", "20")
+            .env("ORDER_TIMEOUT__RELAY__ROUNDS_IN_FLIGHT", "8"),
+    )
+    .await;
+    let n = 10_000;
+    // Due in a day: none falls due meanwhile, so the stage only fills.
+    outbox_rows(&app.ctx.db, n, "payment", Duration::from_secs(86_400)).await;
+    wait_until(Duration::from_secs(30), "the relay under way", || async {
+        (outbox_left(&app).await < n as u64).then_some(())
+    })
+    .await;
+    // The relay's connection is listed once its first statistics are in.
+    wait_until(
+        Duration::from_secs(30),
+        "the relay's connection killed",
+        || async {
+            let closed = close_connections_named(&app.vhost, true).await;
+            closed
+                .iter()
+                .any(|name| name.ends_with(" relay"))
+                .then_some(())
+        },
+    )
+    .await;
+    let left = outbox_left(&app).await;
+    assert!(
+        left > 0,
+        "the relay was done before its connection was killed"
+    );
+    wait_until(Duration::from_secs(90), "the outbox empty", || async {
+        (outbox_left(&app).await == 0).then_some(())
+    })
+    .await;
+    let staged = app.stage_timers(DelayMode::Ttl).await;
+    assert!(staged >= n as u64, "{staged} timers in the stage, {n} rows");
+    assert!(
+        app.metric(
+            "order_timeout_broker_disconnects_total",
+            &["role=\"relay\""]
+        )
+        .await
+            >= 1.0
+    );
+}
+
+/// Rows left in the timeout outbox.
+async fn outbox_left(app: &TestApp) -> u64 {
+    outbox::Entity::find().count(&app.ctx.db).await.unwrap()
 }
 
 fn database_name(app: &TestApp) -> String {

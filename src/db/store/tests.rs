@@ -317,6 +317,41 @@ async fn the_outbox_claims_releases_sets_aside_and_counts_its_rows() {
     );
 }
 
+/// What the relay's rounds in flight rest on: while earlier rounds hold their
+/// rows, each claim takes the next ones, oldest first, and one release gives
+/// back the rows of several rounds (a broken connection) for the next claim.
+#[tokio::test]
+async fn claims_while_rounds_are_out_take_the_next_rows() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 10, now).await.unwrap();
+    for _ in 0..7 {
+        checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+            .await
+            .unwrap();
+    }
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let round = outbox_claim::<outbox::Entity>(&db, 3, now).await.unwrap();
+        rounds.push(round.iter().map(|r| r.id).collect::<Vec<_>>());
+    }
+    let all: Vec<i64> = rounds.concat();
+    assert_eq!(rounds.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 1]);
+    assert!(
+        all.windows(2).all(|w| w[0] < w[1]),
+        "oldest first, no row twice: {rounds:?}"
+    );
+    // The first round settled; the two others given back at once.
+    outbox_delete::<outbox::Entity>(&db, &rounds[0])
+        .await
+        .unwrap();
+    outbox_release::<outbox::Entity>(&db, &all[3..])
+        .await
+        .unwrap();
+    let again = outbox_claim::<outbox::Entity>(&db, 10, now).await.unwrap();
+    assert_eq!(again.iter().map(|r| r.id).collect::<Vec<_>>(), all[3..]);
+}
+
 /// The event outbox's rows, oldest first: `(order_id, event, body)`.
 async fn events(db: &DatabaseConnection) -> Vec<(String, String, serde_json::Value)> {
     use super::super::entities::order_timeout_events as e;

@@ -140,9 +140,9 @@ fn changed(a: &Settings, b: &Settings) -> Vec<&'static str> {
 /// Every live key and a few restart-only ones, each given a value other than its default.
 const RELOADED: &str = "windows.payment = 15m | windows.fulfillment = 3d | windows.receipt = 10d \
     | windows.max_payment = 2d | consumer.batch_size = 17 | consumer.batch_wait = 7ms \
-    | consumer.hold_max = 3s | relay.batch_size = 33 | relay.interval = 2s | sweeper.interval = 9s \
-    | sweeper.grace = 11s | sweeper.batch_size = 44 | metrics.gauge_interval = 5s \
-    | metrics.overdue_after = 90s | log.level = debug \
+    | consumer.hold_max = 3s | relay.batch_size = 33 | relay.rounds_in_flight = 5 \
+    | relay.interval = 2s | sweeper.interval = 9s | sweeper.grace = 11s | sweeper.batch_size = 44 \
+    | metrics.gauge_interval = 5s | metrics.overdue_after = 90s | log.level = debug \
     | http.checkout_tokens = hunter2-token-aaaaaaaa | http.admin_tokens = hunter2-token-bbbbbbbb \
     | amqp.prefix = elsewhere | amqp.delay_mode = ttl | amqp.queue_type = quorum \
     | http.bind = 127.0.0.1:9999 | sweeper.enabled = false | consumer.catch_up = false";
