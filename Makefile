@@ -201,7 +201,7 @@ bench:
 bench-million:
 	$(CARGO) build --release --workspace && ./target/release/order-timeout-bench --million $(BENCH_ARGS)
 
-# What PostgreSQL alone allows for checkout's statements (pgbench, no service).
+# What PostgreSQL alone allows for checkout's one statement (pgbench, no service).
 bench-checkout-ceiling: databases
 	$(CARGO) build --release && bash bench/checkout-ceiling.sh
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The database's ceiling for checkout on this machine: the statements of one
-# checkout (bench/pgbench/checkout.sql), one transaction each, from CLIENTS
+# The database's ceiling for checkout on this machine: the statement of one
+# checkout as the service sends it on PostgreSQL
+# (bench/pgbench/checkout-one-statement.sql; bench/pgbench/checkout.sql is the
+# statement-at-a-time checkout of MariaDB and SQLite), from CLIENTS
 # connections for SECS seconds with pgbench, on a throwaway PostgreSQL database
 # that the service's own migrations created. No service, no broker, no HTTP:
 # what the database alone allows, and what it costs in machine CPU per order.
@@ -8,13 +10,13 @@
 # client tools) and a release build (`cargo build --release`).
 #   bench/checkout-ceiling.sh            # 64 clients, 20 s
 #   CLIENTS=16 SECS=10 bench/checkout-ceiling.sh
-#   SCRIPT=bench/pgbench/checkout-one-statement.sql bench/checkout-ceiling.sh
+#   SCRIPT=bench/pgbench/checkout.sql bench/checkout-ceiling.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 clients=${CLIENTS:-64}
 secs=${SECS:-20}
 out=${OUT:-target/bench/checkout-ceiling.json}
-script=${SCRIPT:-bench/pgbench/checkout.sql}
+script=${SCRIPT:-bench/pgbench/checkout-one-statement.sql}
 admin=${POSTGRES_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
 db="ot_pgbench_$$_$RANDOM"
 url="postgres://postgres@127.0.0.1:5432/$db"

@@ -21,21 +21,7 @@ async fn one_message_wakes_every_due_order(backend: Backend, mode: DelayMode) {
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     // Only the first order's timeout comes; the other 19 lag (not published).
     app.publish_timeout(&due[0], "payment", 1).await;
-    for id in &due {
-        let order = app
-            .wait_status(id, "cancelled", Duration::from_secs(10))
-            .await;
-        assert!(
-            ms(&order, "cancelled_at") >= ms(&order, "pay_deadline"),
-            "early: {order}"
-        );
-        let trail = app.order_with_audit(id).await;
-        let last = &trail["audit"].as_array().unwrap().last().unwrap().clone();
-        assert_eq!(
-            (last["event"].as_str(), last["cause"].as_str()),
-            (Some("cancelled"), Some("timeout"))
-        );
-    }
+    each_cancelled_by_its_timeout(&app, &due, Duration::from_secs(10)).await;
     assert_eq!(app.get_order(&later).await["status"], "pending_payment");
     assert_eq!(app.stock("A").await["available"], 99, "released once each");
     let caught = app
@@ -48,6 +34,24 @@ async fn one_message_wakes_every_due_order(backend: Backend, mode: DelayMode) {
 }
 
 matrix!(one_message_wakes_every_due_order);
+
+/// Waits until each order is cancelled, none before its deadline, its last
+/// audit row the timeout's.
+async fn each_cancelled_by_its_timeout(app: &TestApp, ids: &[String], within: Duration) {
+    for id in ids {
+        let order = app.wait_status(id, "cancelled", within).await;
+        assert!(
+            ms(&order, "cancelled_at") >= ms(&order, "pay_deadline"),
+            "early: {order}"
+        );
+        let trail = app.order_with_audit(id).await;
+        let last = &trail["audit"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(
+            (last["event"].as_str(), last["cause"].as_str()),
+            (Some("cancelled"), Some("timeout"))
+        );
+    }
+}
 
 /// With `consumer.wake_at_deadline` on (the default; the harness turns it
 /// off), no message is needed at all: the catch-up reads its kind's next
@@ -69,21 +73,7 @@ async fn deadlines_wake_the_catch_up_without_a_message(backend: Backend, mode: D
     for _ in 0..10 {
         due.push(app.order(&[("A", 1)], "1s").await);
     }
-    for id in &due {
-        let order = app
-            .wait_status(id, "cancelled", Duration::from_secs(20))
-            .await;
-        assert!(
-            ms(&order, "cancelled_at") >= ms(&order, "pay_deadline"),
-            "early: {order}"
-        );
-        let trail = app.order_with_audit(id).await;
-        let last = &trail["audit"].as_array().unwrap().last().unwrap().clone();
-        assert_eq!(
-            (last["event"].as_str(), last["cause"].as_str()),
-            (Some("cancelled"), Some("timeout"))
-        );
-    }
+    each_cancelled_by_its_timeout(&app, &due, Duration::from_secs(20)).await;
     assert_eq!(app.get_order(&later).await["status"], "pending_payment");
     assert_eq!(app.stock("A").await["available"], 99, "released once each");
     let caught = app
