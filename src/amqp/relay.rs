@@ -434,20 +434,14 @@ impl<S: Source> Lane<S> {
         let Some(round) = self.in_flight.back_mut().filter(|_| kept) else {
             // The database failed: the rounds out are settled now rather than
             // left waiting out the backoff.
-            return Ok(match self.drain(ctx, shutdown).await? {
-                true => Progress::Paused,
-                false => Progress::Stopped,
-            });
+            return self.drained(ctx, shutdown, Progress::Paused).await;
         };
         if round.rows.is_empty() {
             self.in_flight.pop_back();
             // Nothing more to claim: the rounds out are settled, so an idle
             // relay holds no row and owes no confirm. A commit made meanwhile
             // has raised the signal the relay then waits on.
-            return Ok(match self.drain(ctx, shutdown).await? {
-                true => Progress::Idle,
-                false => Progress::Stopped,
-            });
+            return self.drained(ctx, shutdown, Progress::Idle).await;
         }
         // A pause that came while the rows were claimed holds them too: a row
         // committed after `pause` answered is not published. The rounds out
@@ -456,10 +450,7 @@ impl<S: Source> Lane<S> {
             if let Some(round) = self.in_flight.pop_back() {
                 release::<S>(ctx, &round.rows).await;
             }
-            return Ok(match self.drain(ctx, shutdown).await? {
-                true => Progress::Idle,
-                false => Progress::Stopped,
-            });
+            return self.drained(ctx, shutdown, Progress::Idle).await;
         }
         if let Err(e) = publish(ctx, channel, &self.source, round).await {
             // The connection broke mid-round: the rows of every round out are
@@ -500,6 +491,21 @@ impl<S: Source> Lane<S> {
             }
         }
         Ok(true)
+    }
+
+    /// Settles every round out ([`Lane::drain`]), then reports `progress`;
+    /// [`Progress::Stopped`] when shutdown came first.
+    async fn drained(
+        &mut self,
+        ctx: &Context,
+        shutdown: &CancellationToken,
+        progress: Progress,
+    ) -> Result<Progress, Error> {
+        Ok(if self.drain(ctx, shutdown).await? {
+            progress
+        } else {
+            Progress::Stopped
+        })
     }
 
     /// Gives back every row of every round out, confirmed or not.

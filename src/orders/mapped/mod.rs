@@ -130,6 +130,18 @@ struct KindSql {
     since: Option<(String, String)>,
 }
 
+impl KindSql {
+    /// The condition that leaves alone the orders a flag-only timeout has
+    /// flagged already (` AND <flag> IS NULL`); empty for one that moves
+    /// the status.
+    fn unflagged(&self) -> String {
+        match &self.target {
+            Target::Flag(column, _) => format!(" AND {column} IS NULL"),
+            Target::Status(..) => String::new(),
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Target {
     /// Sets the status: the value bound, and as text.
@@ -385,9 +397,7 @@ impl Mapped {
                 k.deadline,
                 self.clock.now(&k.deadline_ty)
             ));
-        if let Target::Flag(column, _) = &k.target {
-            sql.push(&format!(" AND {column} IS NULL"));
-        }
+        sql.push(&k.unflagged());
         sql.build()
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement};
 
 use super::sql::{Dialect, Sql, Ty};
-use super::{Mapped, Newest, Target};
+use super::{Mapped, Newest};
 use crate::db::store::Backlog;
 use crate::domain::{MAX_ORDER_KEY_BYTES, Millis, OrderKey, TimeoutKind};
 use crate::orders::{Cursor, OverduePage};
@@ -45,9 +45,7 @@ impl Mapped {
             k.deadline,
             d.interval_ms(grace.as_millis())
         ));
-        if let Target::Flag(column, _) = &k.target {
-            sql.push(&format!(" AND {column} IS NULL"));
-        }
+        sql.push(&k.unflagged());
         if let Some(after) = after {
             sql.push(&format!(" AND {} > ", self.id))
                 .bind(self.raw_value(after, &self.id_ty));
@@ -134,9 +132,7 @@ impl Mapped {
             self.status
         ))
         .bind(k.from.clone());
-        if let Target::Flag(column, _) = &k.target {
-            sql.push(&format!(" AND {column} IS NULL"));
-        }
+        sql.push(&k.unflagged());
         let row = db
             .query_one_raw(sql.build())
             .await?
@@ -183,9 +179,7 @@ impl Mapped {
             self.status
         ))
         .bind(k.from.clone());
-        if let Target::Flag(column, _) = &k.target {
-            sql.push(&format!(" AND {column} IS NULL"));
-        }
+        sql.push(&k.unflagged());
         let until: Option<i64> = match db.query_one_raw(sql.build()).await? {
             Some(row) => row.try_get_by_index(0)?,
             None => None,
