@@ -159,10 +159,13 @@ buildah config \
     "$ctr"
 buildah commit --quiet --format oci --timestamp "$SOURCE_DATE_EPOCH" --rm "$ctr" "containers-storage:localhost/$tag" >/dev/null
 ctr=""
+# The image this tag named before, if another commit built it, is left untagged: removed.
+buildah rmi --prune >/dev/null 2>&1 || true
 
 mkdir -p "$out"
 archive="$out/$name-$version.oci.tar"
-rm -f "$archive"
+# One archive in the directory: `make test-image` tests whatever is there.
+rm -f "$out/$name"-*.oci.tar
 buildah push --quiet "localhost/$tag" "oci-archive:$archive:$tag" >/dev/null
 echo "$archive"
 echo "localhost/$tag: $(du -h --apparent-size "$archive" | cut -f1) (archive), binary $(du -h --apparent-size "$root$bin_path" | cut -f1), libraries $(du -ch --apparent-size $(sed "s|^|$root|" <<<"$libs") | tail -n 1 | cut -f1)"
