@@ -160,7 +160,7 @@ buildah config \
 buildah commit --quiet --format oci --timestamp "$SOURCE_DATE_EPOCH" --rm "$ctr" "containers-storage:localhost/$tag" >/dev/null
 ctr=""
 # The image this tag named before, if another commit built it, is left untagged: removed.
-buildah rmi --prune >/dev/null 2>&1 || true
+podman image prune -f --filter label=org.opencontainers.image.title=order-timeout >/dev/null 2>&1 || true
 
 mkdir -p "$out"
 archive="$out/$name-$version.oci.tar"
