@@ -4,8 +4,10 @@
 # filesystem): entrypoint, command, user, environment, port, stop signal and
 # labels; the files, their owners and modes; the binary's libraries resolved
 # by the loader inside the root filesystem. Then the image in the local
-# containers storage runs under podman against the local broker and
-# PostgreSQL: it refuses to start open to the network without tokens, its
+# containers storage runs under podman (or, where podman cannot start a
+# container, from the unpacked root filesystem under `unshare --root` with the
+# config's user, working directory and environment) against the local broker
+# and PostgreSQL: it refuses to start open to the network without tokens, its
 # data directory is writable by its user with the default SQLite database,
 # and `serve` becomes ready, answers its health check, cancels an order at its
 # deadline and stops cleanly on SIGTERM within its drain time. Whatever the
@@ -20,7 +22,9 @@
 # so the service reaches 127.0.0.1.
 #
 # Environment: IMAGE_TEST_RUNTIME (the OCI runtime podman uses; default runc
-# where installed: crun refuses the hybrid cgroup hierarchy of some machines).
+# where installed: crun refuses the hybrid cgroup hierarchy of some machines),
+# IMAGE_TEST_RUNNER (podman or unshare; default: podman if it can start the
+# image, else unshare, saying why).
 set -euo pipefail
 
 die() { echo "image-test: FAILED: $*" >&2; exit 1; }
