@@ -20,6 +20,10 @@
 #                (--mode ttl for ttl mode there; the same BENCH_ARGS for make bench-million)
 #   make dist    target/dist/order-timeout_<version>_amd64.deb: binary, config, systemd unit (packaging/)
 #   make test-dist  install that package here (root), run it as its unit would, then purge it
+#   make image   target/image/order-timeout-<version>.oci.tar and order-timeout:<version> in the local
+#                containers storage: an OCI image built here from scratch with buildah (docs/deploying.md)
+#   make test-image  that image's contents, then the image under podman against the local broker and PostgreSQL
+#   make test-manifests  the Kubernetes manifests (deploy/kubernetes) against the settings table and the real binary
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -30,7 +34,7 @@ PYTHON := $(VENV)/bin/python
 # database pools, and timing-bound tests then fail for want of CPU.
 TEST_THREADS ?= 8
 
-.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts
+.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts image image-tools test-image test-manifests
 
 run: broker
 	$(CARGO) run --release -- serve
@@ -75,6 +79,26 @@ dist:
 
 test-dist: dist
 	bash scripts/dist-test.sh target/dist/order-timeout_*.deb
+
+# The image from the same release build, no base image pulled (scripts/image.sh).
+image: image-tools
+	$(CARGO) build --release --locked --workspace
+	bash scripts/image.sh
+
+# podman runs containers with runc: crun refuses a hybrid cgroup hierarchy.
+# skopeo and umoci read the OCI archive for the image's test.
+image-tools:
+	@(command -v buildah && command -v podman && command -v skopeo && command -v umoci && command -v runc) >/dev/null \
+		|| (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 buildah podman skopeo umoci runc)
+
+test-image: image broker databases
+	bash scripts/image-test.sh target/image/order-timeout-*.oci.tar
+
+# The manifests' settings, commands, ports and probes checked with the release
+# binary against a database and vhost of their own (scripts/manifest-test.py).
+test-manifests: $(VENV)/.installed broker databases
+	$(CARGO) build --release --locked --workspace
+	$(PYTHON) scripts/manifest-test.py
 
 # Another broker (RabbitMQ 4.0 or 4.3, say): the core scenarios in every delay
 # mode, the publisher examples, and every native-mode test (`native` in its
