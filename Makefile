@@ -70,6 +70,7 @@ test: services examples-deps tools lint
 	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 server_zone,$(FORGET_DELAYED))
 	bash scripts/readme-example.sh ttl plugin
 	$(MAKE) test-dist
+	$(MAKE) test-manifests test-image
 
 # The same workspace build as `make test`, so neither rebuilds the other's
 # dependencies with different features.
