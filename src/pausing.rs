@@ -18,6 +18,7 @@
 //! counted once, by the instance it applies to.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sea_orm::DbErr;
 use tokio_util::sync::CancellationToken;
@@ -27,6 +28,10 @@ use crate::control::{Changed, Pausable, Pause, PauseScope};
 use crate::db;
 use crate::db::pauses::Row;
 use crate::domain::Millis;
+
+/// How long an instance-scoped pause waits for the database's clock before
+/// it stamps the pause with the process's.
+const CLOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// Why a shared pause or resume could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -78,10 +83,13 @@ pub async fn pause(
         PauseScope::Instance => {
             // A pause of this instance must work while the database is away
             // (that may be why it is asked for): its stamp then comes from
-            // the process's clock. It decides nothing, it is shown.
-            let since = db::clock::now(&ctx.api_db)
+            // the process's clock, without waiting for a connection that
+            // may never come. It decides nothing, it is shown.
+            let since = tokio::time::timeout(CLOCK_WAIT, db::clock::now(&ctx.api_db))
                 .await
-                .unwrap_or_else(|_| Millis::now());
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_else(Millis::now);
             let pause = Pause {
                 since,
                 by,

@@ -198,11 +198,12 @@ fn render(action: &CtlAction, body: &Value) -> String {
                         .flatten()
                         .map(pause_line)
                         .collect();
-                    format!(
-                        "paused since {} ({})",
-                        text(&role["since"]),
-                        pauses.join("; ")
-                    )
+                    let since = format!("paused since {}", text(&role["since"]));
+                    if pauses.is_empty() {
+                        since
+                    } else {
+                        format!("{since} ({})", pauses.join("; "))
+                    }
                 } else {
                     "running".to_string()
                 };

@@ -327,12 +327,17 @@ each_mode!(a_running_instance_follows_and_an_instance_pause_stays_home);
 /// pause in effect stays and the failed readings are counted; a shared
 /// resume answers 503 and lifts nothing, while a pause of this instance
 /// works without the table. Once it is back, the resume goes through.
-/// Refusals: an unknown scope, a reason too long.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreadable_table_keeps_the_last_known_pauses() {
-    let app = spawn_app(spawn(Backend::Sqlite, DelayMode::Ttl)).await;
+/// Refusals: an unknown scope, a reason too long. On SQLite and MariaDB
+/// (PostgreSQL runs the scenarios above): one `INSERT` decides on each.
+async fn an_unreadable_table_keeps_the_last_known_pauses(backend: Backend) {
+    let app = spawn_app(spawn(backend, DelayMode::Ttl)).await;
     let (status, _) = admin(&app, "pause", "relay", None).await;
     assert_eq!(status, 200);
+    let (_, again) = admin(&app, "pause", "relay", None).await;
+    assert_eq!(
+        again["changed"], false,
+        "the key refuses a second row: {again}"
+    );
     app.ctx
         .db
         .execute_unprepared("ALTER TABLE order_timeout_pauses RENAME TO order_timeout_pauses_away")
@@ -386,4 +391,14 @@ async fn an_unreadable_table_keeps_the_last_known_pauses() {
     .await;
     assert_eq!(status, 422, "{long}");
     assert!(rows(&app).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_table_keeps_the_last_known_pauses_sqlite() {
+    an_unreadable_table_keeps_the_last_known_pauses(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_table_keeps_the_last_known_pauses_mariadb() {
+    an_unreadable_table_keeps_the_last_known_pauses(Backend::MariaDb).await
 }
