@@ -166,7 +166,7 @@ pub struct Pause {
     /// When it was paused, by the database's clock (an instance-scoped pause
     /// made while the database does not answer: by the process's).
     pub since: Millis,
-    /// Who asked: `admin token sha256:` and the start of the token's hash,
+    /// Who asked: `token sha256:` and the first 12 hex digits of the token's hash,
     /// or `anonymous` on an API without tokens.
     pub by: String,
     /// The instance that was asked (`amqp.instance`).

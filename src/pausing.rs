@@ -55,6 +55,13 @@ impl PausingError {
             source,
         }
     }
+
+    fn read(source: DbErr) -> Self {
+        Self::Database {
+            what: "read",
+            source,
+        }
+    }
 }
 
 /// The pause a row stands for.
@@ -124,7 +131,7 @@ pub async fn pause(
             } else {
                 db::pauses::get(&ctx.api_db, role.as_str())
                     .await
-                    .map_err(PausingError::written)?
+                    .map_err(PausingError::read)?
             };
             let Some(row) = row else {
                 // Resumed between the two statements by another instance:

@@ -39,7 +39,7 @@ impl MigrationTrait for Migration {
                     .col(string_len(P::Role, 32).primary_key())
                     // The database's clock, in epoch milliseconds.
                     .col(big_integer(P::PausedAtMs))
-                    // Who asked: `admin token sha256:…` (a prefix of the
+                    // Who asked: `token sha256:…` (a prefix of the
                     // token's hash, never the token) or `anonymous`.
                     .col(string_len(P::PausedBy, 128))
                     // `amqp.instance` of the instance that was asked.

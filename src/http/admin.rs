@@ -35,17 +35,25 @@ impl PauseEntryView {
     }
 }
 
+/// One pause of one role, as `/readyz` lists it.
+#[derive(Serialize)]
+pub(super) struct RolePauseView {
+    /// The role.
+    role: &'static str,
+    /// The pause.
+    #[serde(flatten)]
+    pause: PauseEntryView,
+}
+
 /// Every pause in effect on this instance, role by role (`/readyz`'s `pauses`).
-pub(super) fn pause_entries(ctx: &Context) -> Vec<serde_json::Value> {
+pub(super) fn pause_entries(ctx: &Context) -> Vec<RolePauseView> {
     ctx.pauses
         .snapshot()
         .iter()
         .flat_map(|(role, state)| {
-            state.pauses().map(move |(scope, pause)| {
-                let mut entry =
-                    serde_json::to_value(PauseEntryView::new(scope, pause)).unwrap_or_default();
-                entry["role"] = json!(role.as_str());
-                entry
+            state.pauses().map(move |(scope, pause)| RolePauseView {
+                role: role.as_str(),
+                pause: PauseEntryView::new(scope, pause),
             })
         })
         .collect()
