@@ -16,7 +16,7 @@ use crate::amqp::{self, consumer, deferral, relay, router};
 use crate::context::{Context, Role};
 use crate::orders::Orders;
 use crate::settings::{Settings, SettingsSource};
-use crate::{db, gauges, http, server, sweeper};
+use crate::{db, gauges, http, pausing, server, sweeper};
 
 /// How long shutdown may take before remaining tasks are abandoned.
 pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
@@ -77,6 +77,11 @@ impl Application {
             ctx = ctx.with_reload_source(source, started);
         }
         let ctx = Arc::new(ctx);
+        // Before any role runs: a role paused for every instance starts
+        // paused here too, whether this is a restart or a new instance.
+        pausing::load(&ctx).await.context(
+            "reading the shared pauses (order_timeout_pauses; `order-timeout migrate` creates it)",
+        )?;
         let s = &ctx.settings;
         ctx.telemetry.starting(
             &s.database.url.redacted(),
@@ -150,6 +155,7 @@ impl Application {
         }
         tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
         tasks.spawn(gauges::run(ctx.clone(), shutdown.clone()));
+        tasks.spawn(pausing::follow(ctx.clone(), shutdown.clone()));
         if ctx.orders.is_owned() {
             // Only the service's own checkouts write idempotency keys.
             tasks.spawn(http::idempotency::clean(ctx.clone(), shutdown.clone()));

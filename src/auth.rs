@@ -181,6 +181,17 @@ impl Caller {
     pub fn scope(&self) -> &str {
         &self.scope
     }
+
+    /// The caller as a record of who did something shows it (who paused a
+    /// role): `token sha256:` and the first 12 hex digits of the token's
+    /// hash, which an operator matches with `printf %s "$TOKEN" | sha256sum`
+    /// and which says nothing about the token; or `anonymous`.
+    pub fn fingerprint(&self) -> String {
+        match self.scope.get(..12) {
+            Some(start) if self.scope != Self::ANONYMOUS => format!("token sha256:{start}"),
+            _ => Self::ANONYMOUS.to_string(),
+        }
+    }
 }
 
 /// The token of an `Authorization: Bearer <token>` header value; `None` for
@@ -356,6 +367,11 @@ mod tests {
         assert_eq!(a.scope().len(), 64);
         assert!(!a.scope().contains(CHECKOUT));
         assert_eq!(Caller::of(true, None).scope(), Caller::ANONYMOUS);
+        assert_eq!(
+            a.fingerprint(),
+            format!("token sha256:{}", &a.scope()[..12])
+        );
+        assert_eq!(Caller::of(true, None).fingerprint(), Caller::ANONYMOUS);
         // An open API: whatever is presented, one shared scope.
         assert_eq!(
             Caller::of(false, Some(&header(CHECKOUT))).scope(),

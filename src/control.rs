@@ -2,10 +2,13 @@
 //!
 //! Each timeout consumer (one per kind), the router, the relay and the sweeper
 //! can be paused and resumed while the process runs (`/admin/pause/{role}`,
-//! `order-timeout ctl pause ROLE`). The state lives here, in memory, per
-//! instance: a restart starts with nothing paused. Each role watches its own
-//! flag: a consumer or the router cancels its AMQP consumer when paused and
-//! consumes again when resumed; the relay and the sweeper skip their rounds.
+//! `order-timeout ctl pause ROLE`). A pause has a scope ([`PauseScope`]):
+//! shared, the default, written in the database for every instance (see
+//! [`crate::pausing`], which writes and follows it), or this instance's
+//! only, in memory. A role is paused while either scope holds it; this module
+//! keeps both, by role, and the one flag the roles watch: a consumer or the
+//! router cancels its AMQP consumer when paused and consumes again when
+//! resumed; the relay and the sweeper skip their rounds.
 //!
 //! A flag alone is no barrier: a transaction that read it just before a
 //! pause would commit after the pause answered. So each role also has a
@@ -119,18 +122,123 @@ impl FromStr for Pausable {
 /// How many roles there are.
 const ROLES: usize = Pausable::ALL.len();
 
-/// Which roles are paused, and since when.
+/// Where a pause holds. A role is paused while either holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PauseScope {
+    /// Every instance on the database, written in `order_timeout_pauses`:
+    /// survives restarts and reaches instances started later. The default.
+    Shared,
+    /// This process only, in memory: gone when it stops.
+    Instance,
+}
+
+impl PauseScope {
+    /// Both scopes, shared first.
+    pub const ALL: [PauseScope; 2] = [Self::Shared, Self::Instance];
+
+    /// The scope's name in the API (`?scope=`), `ctl status` and the logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Instance => "instance",
+        }
+    }
+}
+
+impl FromStr for PauseScope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|scope| scope.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "no scope '{}': a pause is shared (every instance, the default) or instance (this one only)",
+                    crate::domain::truncate(s, 32)
+                )
+            })
+    }
+}
+
+/// Who paused a role, when and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pause {
+    /// When it was paused, by the database's clock (an instance-scoped pause
+    /// made while the database does not answer: by the process's).
+    pub since: Millis,
+    /// Who asked: `token sha256:` and the first 12 hex digits of the token's hash,
+    /// or `anonymous` on an API without tokens.
+    pub by: String,
+    /// The instance that was asked (`amqp.instance`).
+    pub instance: String,
+    /// What the operator gave as the reason.
+    pub reason: Option<String>,
+}
+
+/// One role's pauses, by scope.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleState {
+    /// The pause for every instance, as this instance last read it.
+    pub shared: Option<Pause>,
+    /// This instance's own pause.
+    pub instance: Option<Pause>,
+}
+
+impl RoleState {
+    /// Whether the role is paused, in either scope.
+    pub fn paused(&self) -> bool {
+        self.shared.is_some() || self.instance.is_some()
+    }
+
+    /// The pause of one scope.
+    pub fn get(&self, scope: PauseScope) -> Option<&Pause> {
+        match scope {
+            PauseScope::Shared => self.shared.as_ref(),
+            PauseScope::Instance => self.instance.as_ref(),
+        }
+    }
+
+    fn slot(&mut self, scope: PauseScope) -> &mut Option<Pause> {
+        match scope {
+            PauseScope::Shared => &mut self.shared,
+            PauseScope::Instance => &mut self.instance,
+        }
+    }
+
+    /// The pauses in effect, shared first.
+    pub fn pauses(&self) -> impl Iterator<Item = (PauseScope, &Pause)> {
+        PauseScope::ALL
+            .into_iter()
+            .filter_map(|scope| self.get(scope).map(|p| (scope, p)))
+    }
+}
+
+/// What a change of one scope's pause did to a role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changed {
+    /// Whether that scope's pause was set or cleared (false: it already was).
+    pub scope: bool,
+    /// Whether the role is paused now, in either scope.
+    pub paused: bool,
+}
+
+/// Which roles are paused, in which scope, by whom and since when.
 #[derive(Debug)]
 pub struct Pauses {
-    /// One flag per role, in [`Pausable::ALL`]'s order; roles wait on changes.
+    /// One flag per role, in [`Pausable::ALL`]'s order: paused in either
+    /// scope. Roles wait on its changes.
     flags: watch::Sender<[bool; ROLES]>,
-    /// When each paused role was paused.
-    since: Mutex<[Option<Millis>; ROLES]>,
+    /// Each role's pauses by scope; changed together with `flags`.
+    states: Mutex<[RoleState; ROLES]>,
     /// One gate per role, in [`Pausable::ALL`]'s order: held shared by each
     /// of the role's transactions that change orders, taken exclusively by
     /// a pause to wait for them. Tokio's lock is fair: a transaction that
     /// comes while a pause waits queues behind it, then finds the flag set.
     gates: [RwLock<()>; ROLES],
+    /// Held by whoever writes the shared pauses or applies what it read of
+    /// them (the admin API, the follower of the table): a reading taken
+    /// before a resume cannot be applied after it.
+    shared: tokio::sync::Mutex<()>,
 }
 
 /// Leave for one transaction to change orders on behalf of some roles, from
@@ -146,36 +254,76 @@ impl Default for Pauses {
     fn default() -> Self {
         Self {
             flags: watch::Sender::new([false; ROLES]),
-            since: Mutex::new([None; ROLES]),
+            states: Mutex::new(std::array::from_fn(|_| RoleState::default())),
             gates: std::array::from_fn(|_| RwLock::new(())),
+            shared: tokio::sync::Mutex::new(()),
         }
     }
 }
 
 impl Pauses {
-    /// Pauses or resumes `role`; returns whether that changed anything.
-    pub fn set(&self, role: Pausable, paused: bool) -> bool {
+    /// Sets (`Some`) or clears (`None`) the pause of `role` in `scope`, and
+    /// the role's flag with it. A pause of a scope that already holds one
+    /// keeps the first pauser, except a shared one read from the table
+    /// (`refresh`), which holds the truth. Does not wait for the gate: see
+    /// [`Pauses::pause`].
+    fn set(
+        &self,
+        role: Pausable,
+        scope: PauseScope,
+        pause: Option<Pause>,
+        refresh: bool,
+    ) -> Changed {
         let i = role.index();
-        let changed = self.flags.send_if_modified(|flags| {
-            let changed = flags[i] != paused;
-            flags[i] = paused;
-            changed
-        });
-        if changed && let Ok(mut since) = self.since.lock() {
-            since[i] = paused.then(Millis::now);
+        // A poisoned lock only means a panic elsewhere while it was held:
+        // the states themselves are whole (each change is one assignment).
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = states[i].slot(scope);
+        let changed = slot.is_some() != pause.is_some();
+        if changed || refresh {
+            *slot = pause;
         }
-        changed
+        let paused = states[i].paused();
+        self.flags.send_if_modified(|flags| {
+            let modified = flags[i] != paused;
+            flags[i] = paused;
+            modified
+        });
+        Changed {
+            scope: changed,
+            paused,
+        }
     }
 
-    /// Pauses `role` and returns once no transaction of it is under way:
-    /// those that entered its gate before the flag was set have ended, and
-    /// any later one is refused. Returns whether that changed anything.
-    pub async fn pause(&self, role: Pausable) -> bool {
-        let changed = self.set(role, true);
+    /// Pauses `role` in `scope` and returns once no transaction of it is
+    /// under way: those that entered its gate before the flag was set have
+    /// ended, and any later one is refused. A scope already paused keeps
+    /// its first pauser (`refresh`: the shared one read from the table
+    /// takes what the table says).
+    pub async fn pause(
+        &self,
+        role: Pausable,
+        scope: PauseScope,
+        pause: Pause,
+        refresh: bool,
+    ) -> Changed {
+        let changed = self.set(role, scope, Some(pause), refresh);
         // Waits for every pass of the role to be dropped; at once when
         // none is held. Released at once: the flag refuses the next ones.
         drop(self.gates[role.index()].write().await);
         changed
+    }
+
+    /// Clears the pause of `role` in `scope`; the role runs again unless
+    /// the other scope still holds it.
+    pub fn resume(&self, role: Pausable, scope: PauseScope) -> Changed {
+        self.set(role, scope, None, false)
+    }
+
+    /// Taken by whoever changes the shared pauses or applies a reading of
+    /// them, for the write or read and its application together.
+    pub async fn shared_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.shared.lock().await
     }
 
     /// The gate of one transaction that changes orders on behalf of `roles`
@@ -206,7 +354,7 @@ impl Pauses {
         roles.iter().any(|r| self.is_paused(*r))
     }
 
-    /// Whether `role` is paused now.
+    /// Whether `role` is paused now, in either scope.
     pub fn is_paused(&self, role: Pausable) -> bool {
         self.flags.borrow()[role.index()]
     }
@@ -216,14 +364,13 @@ impl Pauses {
         self.is_paused(Pausable::Consumer(kind))
     }
 
-    /// `(role, paused since)` for every role; `None` when it runs.
-    pub fn snapshot(&self) -> [(Pausable, Option<Millis>); ROLES] {
-        let since = self.since.lock().map(|s| *s).unwrap_or([None; ROLES]);
-        let flags = *self.flags.borrow();
-        std::array::from_fn(|i| (Pausable::ALL[i], since[i].filter(|_| flags[i])))
+    /// Every role with its pauses by scope.
+    pub fn snapshot(&self) -> [(Pausable, RoleState); ROLES] {
+        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        std::array::from_fn(|i| (Pausable::ALL[i], states[i].clone()))
     }
 
-    /// The paused roles.
+    /// The paused roles, in either scope.
     pub fn paused(&self) -> Vec<Pausable> {
         let flags = *self.flags.borrow();
         Pausable::ALL
@@ -247,6 +394,15 @@ mod tests {
 
     use super::*;
 
+    fn by(who: &str) -> Pause {
+        Pause {
+            since: Millis(1_000),
+            by: who.to_string(),
+            instance: "shop-1".to_string(),
+            reason: None,
+        }
+    }
+
     #[test]
     fn every_role_reads_back_from_its_name() {
         for role in Pausable::ALL {
@@ -262,28 +418,109 @@ mod tests {
             Pausable::names_in_prose(),
             "payment, fulfillment, receipt, router, relay or sweeper"
         );
+        for scope in PauseScope::ALL {
+            assert_eq!(scope.as_str().parse::<PauseScope>(), Ok(scope));
+        }
+        assert!("cluster".parse::<PauseScope>().is_err());
     }
 
     #[tokio::test]
     async fn a_pause_is_seen_and_timed_until_resumed() {
         let pauses = Pauses::default();
         let payment = Pausable::Consumer(TimeoutKind::Payment);
-        assert!(pauses.set(payment, true));
-        assert!(!pauses.set(payment, true), "already paused: no change");
+        let shared = PauseScope::Shared;
+        let first = pauses.pause(payment, shared, by("a"), false).await;
+        assert_eq!(
+            first,
+            Changed {
+                scope: true,
+                paused: true
+            }
+        );
+        let again = pauses.pause(payment, shared, by("b"), false).await;
+        assert!(!again.scope, "already paused: no change");
+        assert_eq!(
+            pauses.snapshot()[0]
+                .1
+                .shared
+                .as_ref()
+                .map(|p| p.by.as_str()),
+            Some("a"),
+            "the first pauser stays"
+        );
         assert!(pauses.kind_paused(TimeoutKind::Payment));
         assert!(!pauses.kind_paused(TimeoutKind::Receipt));
         assert_eq!(pauses.paused(), vec![payment]);
-        assert!(pauses.snapshot()[0].1.is_some());
         // Already paused: returns at once.
         pauses.until(payment, true).await;
         let waiter = async { pauses.until(payment, false).await };
         let resume = async {
             tokio::task::yield_now().await;
-            assert!(pauses.set(payment, false));
+            assert_eq!(
+                pauses.resume(payment, shared),
+                Changed {
+                    scope: true,
+                    paused: false
+                }
+            );
         };
         tokio::join!(waiter, resume);
         assert!(pauses.paused().is_empty());
-        assert!(pauses.snapshot()[0].1.is_none());
+        assert!(!pauses.snapshot()[0].1.paused());
+    }
+
+    #[tokio::test]
+    async fn a_role_is_paused_while_either_scope_holds_it() {
+        let pauses = Pauses::default();
+        let relay = Pausable::Relay;
+        pauses
+            .pause(relay, PauseScope::Shared, by("a"), false)
+            .await;
+        let local = pauses
+            .pause(relay, PauseScope::Instance, by("b"), false)
+            .await;
+        assert_eq!(
+            local,
+            Changed {
+                scope: true,
+                paused: true
+            }
+        );
+        let state = &pauses.snapshot()[relay.index()].1;
+        let scopes: Vec<_> = state.pauses().map(|(s, p)| (s, p.by.clone())).collect();
+        assert_eq!(
+            scopes,
+            vec![
+                (PauseScope::Shared, "a".into()),
+                (PauseScope::Instance, "b".into())
+            ]
+        );
+        assert_eq!(
+            pauses.resume(relay, PauseScope::Shared),
+            Changed {
+                scope: true,
+                paused: true
+            },
+            "still paused on this instance"
+        );
+        assert!(pauses.is_paused(relay));
+        assert!(pauses.enter(&[relay]).await.is_none());
+        assert_eq!(
+            pauses.resume(relay, PauseScope::Instance),
+            Changed {
+                scope: true,
+                paused: false
+            }
+        );
+        assert!(!pauses.is_paused(relay));
+        assert!(!pauses.resume(relay, PauseScope::Instance).scope);
+        // The table holds the truth: a reading replaces what was shown.
+        pauses
+            .pause(relay, PauseScope::Shared, by("a"), false)
+            .await;
+        pauses.pause(relay, PauseScope::Shared, by("c"), true).await;
+        let shown = pauses.snapshot()[relay.index()].1.shared.clone();
+        assert_eq!(shown.map(|p| p.by), Some("c".to_string()));
     }
 
     #[tokio::test]
@@ -292,7 +529,7 @@ mod tests {
         let payment = Pausable::Consumer(TimeoutKind::Payment);
         let pass = pauses.enter(&[payment, Pausable::Sweeper]).await;
         assert!(pass.is_some(), "nothing paused: the transaction starts");
-        let mut pause = Box::pin(pauses.pause(payment));
+        let mut pause = Box::pin(pauses.pause(payment, PauseScope::Shared, by("a"), false));
         // The pass is still held: the pause sets the flag, but does not answer.
         assert!(pause.as_mut().now_or_never().is_none());
         assert!(pauses.kind_paused(TimeoutKind::Payment));
@@ -304,17 +541,20 @@ mod tests {
                 .is_some()
         );
         drop(pass);
-        assert!(pause.await, "answers once the transaction has ended");
+        assert!(pause.await.scope, "answers once the transaction has ended");
         assert!(
             pauses.enter(&[payment]).await.is_none(),
             "refused after the pause"
         );
         assert!(pauses.enter(&[Pausable::Sweeper, payment]).await.is_none());
         assert!(
-            !pauses.pause(payment).await,
+            !pauses
+                .pause(payment, PauseScope::Shared, by("a"), false)
+                .await
+                .scope,
             "already paused, nothing in flight"
         );
-        pauses.set(payment, false);
+        pauses.resume(payment, PauseScope::Shared);
         assert!(pauses.enter(&[payment]).await.is_some(), "resumed");
     }
 
@@ -323,14 +563,15 @@ mod tests {
         let pauses = Pauses::default();
         let sweeper = [Pausable::Sweeper];
         let pass = pauses.enter(&sweeper).await;
-        let mut pause = Box::pin(pauses.pause(Pausable::Sweeper));
+        let mut pause =
+            Box::pin(pauses.pause(Pausable::Sweeper, PauseScope::Instance, by("a"), false));
         assert!(pause.as_mut().now_or_never().is_none());
         // Queued behind the waiting pause, then refused by the flag.
         let mut late = Box::pin(pauses.enter(&sweeper));
         assert!(late.as_mut().now_or_never().is_none());
         drop(pass);
         let (answered, late) = tokio::join!(pause, late);
-        assert!(answered);
+        assert!(answered.scope);
         assert!(
             late.is_none(),
             "a transaction after the pause does not start"

@@ -16,6 +16,7 @@
 //! - [`reload`]: reading the settings again while running, and what applies;
 //! - [`backoff`]: waiting between attempts, cut short by shutdown;
 //! - [`context`]: what the components share (settings, pools, telemetry, health, roles);
+//! - [`pausing`]: pausing a role for every instance (kept in the database) or for this one, and following other instances' pauses;
 //! - [`apply`]: applying a batch of timeouts, halved on refusal: the one loop of the consumer, its catch-up and the sweeper;
 //! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
@@ -42,6 +43,7 @@ pub mod http;
 pub(crate) mod http_client;
 pub(crate) mod logs;
 pub(crate) mod orders;
+pub(crate) mod pausing;
 pub(crate) mod reload;
 pub(crate) mod server;
 pub mod settings;

@@ -4,7 +4,8 @@
 //! - [`Migrator`]: the tables of the service's own orders, stock and timeout
 //!   outbox (`seaql_migrations` records it).
 //! - [`Bookkeeping`]: the tables the service keeps about orders whatever owns
-//!   them (the event outbox, the audit trail of the mapped mode), all named
+//!   them (the event outbox, the audit trail of the mapped mode) and about
+//!   its instances (the roles paused for all of them), all named
 //!   `order_timeout_…`, recorded in `order_timeout_migrations`: they may be
 //!   created inside a shop's own database, next to its tables, so no name of
 //!   theirs may be a generic one.
@@ -24,6 +25,7 @@ mod m20261201_000005_add_outbox_claims;
 mod m20261202_000006_scope_idempotency_keys;
 mod m20261215_000001_create_event_outbox;
 mod m20261215_000002_create_audit;
+mod m20261216_000001_create_pauses;
 
 /// All migrations of the service, oldest first.
 pub struct Migrator;
@@ -55,6 +57,7 @@ impl MigratorTrait for Bookkeeping {
         vec![
             Box::new(m20261215_000001_create_event_outbox::Migration),
             Box::new(m20261215_000002_create_audit::Migration),
+            Box::new(m20261216_000001_create_pauses::Migration),
         ]
     }
 

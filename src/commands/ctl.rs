@@ -22,15 +22,24 @@ pub enum CtlAction {
     /// Show every role (paused or running) and what a reload left for a restart.
     Status,
     /// Pause a role (the kinds and roles are named from their tables).
-    #[command(about = format!("Pause a role: {}", crate::control::Pausable::help()))]
+    #[command(about = format!("Pause a role on every instance (kept in the database, still paused after a restart): {}", crate::control::Pausable::help()))]
     Pause {
         /// The role.
         role: String,
+        /// Pause it on this instance only, in memory, until it stops.
+        #[arg(long)]
+        instance: bool,
+        /// Why, shown by `ctl status` and `/readyz` (at most 500 characters).
+        #[arg(long)]
+        reason: Option<String>,
     },
-    /// Resume a paused role.
+    /// Resume a paused role (on every instance, unless --instance).
     Resume {
         /// The role.
         role: String,
+        /// Lift this instance's own pause only.
+        #[arg(long)]
+        instance: bool,
     },
     /// Read the settings again; apply what can change while running.
     Reload,
@@ -72,11 +81,23 @@ pub async fn run(
     }
     let (method, path) = match &action {
         CtlAction::Status => (Method::GET, "/admin/status".to_string()),
-        CtlAction::Pause { role } => (Method::POST, format!("/admin/pause/{role}")),
-        CtlAction::Resume { role } => (Method::POST, format!("/admin/resume/{role}")),
+        CtlAction::Pause { role, instance, .. } => (
+            Method::POST,
+            format!("/admin/pause/{role}{}", scope(*instance)),
+        ),
+        CtlAction::Resume { role, instance } => (
+            Method::POST,
+            format!("/admin/resume/{role}{}", scope(*instance)),
+        ),
         CtlAction::Reload => (Method::POST, "/admin/reload".to_string()),
     };
-    let body = (method == Method::POST).then(|| Value::Object(Default::default()));
+    let body = match &action {
+        CtlAction::Pause {
+            reason: Some(reason),
+            ..
+        } => Some(serde_json::json!({ "reason": reason })),
+        _ => (method == Method::POST).then(|| Value::Object(Default::default())),
+    };
     let answer = match client
         .send(method, &format!("{url}{path}"), body.as_ref())
         .await
@@ -101,6 +122,11 @@ pub async fn run(
     }
     print!("{}", render(&action, &answer.body));
     ExitCode::SUCCESS
+}
+
+/// The query naming the scope: none for the default, shared.
+fn scope(instance: bool) -> &'static str {
+    if instance { "?scope=instance" } else { "" }
 }
 
 /// The URL and token: as given, or from the settings.
@@ -166,7 +192,18 @@ fn render(action: &CtlAction, body: &Value) -> String {
                 let state = if role["enabled"] == false {
                     "off on this instance".to_string()
                 } else if role["paused"] == true {
-                    format!("paused since {}", text(&role["since"]))
+                    let pauses: Vec<String> = role["pauses"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(pause_line)
+                        .collect();
+                    let since = format!("paused since {}", text(&role["since"]));
+                    if pauses.is_empty() {
+                        since
+                    } else {
+                        format!("{since} ({})", pauses.join("; "))
+                    }
                 } else {
                     "running".to_string()
                 };
@@ -180,16 +217,34 @@ fn render(action: &CtlAction, body: &Value) -> String {
         }
         CtlAction::Pause { .. } | CtlAction::Resume { .. } => {
             let role = text(&body["role"]);
-            let state = if body["paused"] == true {
-                "paused"
+            let pausing = matches!(action, CtlAction::Pause { .. });
+            let paused = body["paused"] == true;
+            let changed = body["changed"] == true;
+            // Said only when it is not the default (shared, every instance).
+            let only_here = if text(&body["scope"]) == "instance" {
+                " on this instance only"
             } else {
-                "running"
+                ""
             };
-            if body["changed"] == true {
-                out += &format!("{role}: {state}\n");
+            let other = if only_here.is_empty() {
+                "instance"
             } else {
-                out += &format!("{role}: {state} already\n");
-            }
+                "shared"
+            };
+            let said = match (pausing, changed, paused) {
+                (true, true, _) => format!("paused{only_here}"),
+                (true, false, _) => format!("paused{only_here} already"),
+                (false, true, false) => "running".to_string(),
+                (false, false, false) => "running already".to_string(),
+                // Resumed in one scope, still held by the other.
+                (false, true, true) => {
+                    format!("resumed{only_here}, still paused by its {other} pause")
+                }
+                (false, false, true) => {
+                    format!("not paused{only_here}; still paused by its {other} pause")
+                }
+            };
+            out += &format!("{role}: {said}\n");
         }
         CtlAction::Reload => {
             let changed = body["changed"].as_array().cloned().unwrap_or_default();
@@ -213,6 +268,20 @@ fn render(action: &CtlAction, body: &Value) -> String {
         }
     }
     out
+}
+
+/// One pause of a role: `shared, by token sha256:… on shop-1: why`.
+fn pause_line(pause: &Value) -> String {
+    let mut line = format!(
+        "{}, by {} on {}",
+        text(&pause["scope"]),
+        text(&pause["by"]),
+        text(&pause["instance"])
+    );
+    if let Some(reason) = pause["reason"].as_str() {
+        line += &format!(": {reason}");
+    }
+    line
 }
 
 fn restart_lines(restart: &Value) -> String {
@@ -245,6 +314,86 @@ mod tests {
         assert_eq!(reachable(any4).to_string(), "127.0.0.1:8080");
         assert_eq!(reachable(any6).to_string(), "[::1]:8080");
         assert_eq!(reachable(one), one);
+    }
+
+    #[test]
+    fn status_says_who_paused_what_in_which_scope() {
+        let body = json!({
+            "instance": "shop-1", "mode": "ttl",
+            "roles": [
+                {"role": "payment", "paused": true, "since": "2026-12-02T09:14:03.512Z", "enabled": true,
+                 "pauses": [
+                    {"scope": "shared", "since": "2026-12-02T09:14:03.512Z", "by": "token sha256:0123456789ab",
+                     "instance": "shop-2", "reason": "PSP outage"},
+                    {"scope": "instance", "since": "2026-12-02T09:15:00.000Z", "by": "anonymous",
+                     "instance": "shop-1", "reason": null}
+                 ]},
+                {"role": "receipt", "paused": false, "since": null, "enabled": true, "pauses": []}
+            ],
+            "reload": {"last_at": null, "last_outcome": null, "restart_needed": []}
+        });
+        let text = render(&CtlAction::Status, &body);
+        assert!(
+            text.contains(
+                "payment      paused since 2026-12-02T09:14:03.512Z (shared, by token sha256:0123456789ab on shop-2: PSP outage; instance, by anonymous on shop-1)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("receipt      running"), "{text}");
+    }
+
+    #[test]
+    fn pause_and_resume_say_what_holds() {
+        let pause = |instance| CtlAction::Pause {
+            role: "payment".into(),
+            instance,
+            reason: None,
+        };
+        let resume = |instance| CtlAction::Resume {
+            role: "payment".into(),
+            instance,
+        };
+        let answer = |scope: &str, paused: bool, changed: bool| json!({"role": "payment", "scope": scope, "paused": paused, "changed": changed});
+        let cases = [
+            (
+                pause(false),
+                answer("shared", true, true),
+                "payment: paused\n",
+            ),
+            (
+                pause(false),
+                answer("shared", true, false),
+                "payment: paused already\n",
+            ),
+            (
+                pause(true),
+                answer("instance", true, true),
+                "payment: paused on this instance only\n",
+            ),
+            (
+                resume(false),
+                answer("shared", false, true),
+                "payment: running\n",
+            ),
+            (
+                resume(false),
+                answer("shared", false, false),
+                "payment: running already\n",
+            ),
+            (
+                resume(false),
+                answer("shared", true, true),
+                "payment: resumed, still paused by its instance pause\n",
+            ),
+            (
+                resume(true),
+                answer("instance", true, false),
+                "payment: not paused on this instance only; still paused by its shared pause\n",
+            ),
+        ];
+        for (action, body, said) in cases {
+            assert_eq!(render(&action, &body), said, "{body}");
+        }
     }
 
     #[test]

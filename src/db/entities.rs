@@ -281,3 +281,31 @@ pub mod order_timeout_audit {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+/// `order_timeout_pauses`: the roles paused for every instance, one row each.
+pub mod order_timeout_pauses {
+    use sea_orm::entity::prelude::*;
+
+    /// One paused role.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "order_timeout_pauses")]
+    pub struct Model {
+        /// The role's name (`control::Pausable::as_str`).
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub role: String,
+        /// When, by the database's clock.
+        pub paused_at_ms: i64,
+        /// Who asked (a prefix of the token's hash, or `anonymous`).
+        pub paused_by: String,
+        /// The instance that was asked (`amqp.instance`).
+        pub instance: String,
+        /// What the operator gave as the reason.
+        pub reason: Option<String>,
+    }
+
+    /// No relations are navigated through SeaORM.
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod entities;
 pub mod events;
+pub mod pauses;
 pub mod store;
 
 use std::time::Duration;

@@ -18,7 +18,7 @@ pub(super) async fn healthz() -> Response {
     path = "/readyz",
     tag = "operations",
     responses(
-        (status = 200, description = "Database and every broker role ready; per dependency, and the roles paused (a pause is deliberate: it leaves the instance ready)", body = serde_json::Value),
+        (status = 200, description = "Database and every broker role ready; per dependency, and the roles paused with who paused them, when and in which scope (a pause is deliberate: it leaves the instance ready)", body = serde_json::Value),
         (status = 503, description = "Something is not ready; the body says what", body = serde_json::Value)
     )
 )]
@@ -44,7 +44,10 @@ pub(super) async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
             // The node (`host:port` of `amqp.url`) each connection is on.
             "nodes": ctx.health.nodes().iter().map(|(role, node)| (role.as_str().to_string(), json!(node))).collect::<serde_json::Map<_, _>>(),
         },
+        // Paused in either scope; `pauses` says by whom, since when and in
+        // which scope (shared: every instance; instance: this one only).
         "paused": ctx.pauses.paused().iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+        "pauses": super::admin::pause_entries(&ctx),
     });
     let status = if ready {
         StatusCode::OK

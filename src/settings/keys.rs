@@ -395,6 +395,14 @@ settings! {
         [live] batch_size: u64 = "500", |k, v, _| parse_range(k, v, 1, MAX_BATCH);
     }
 
+    /// Pauses: those shared by every instance are kept in the database (docs/operations.md, Pause and resume).
+    control: ControlSettings, check None => {
+        // A pause made on one instance reaches the others within this; a
+        // reading is one primary-key scan of a table of at most six rows.
+        /// How often an instance reads the pauses shared by every instance (100ms to 1m).
+        poll_interval: Duration = "1s", |k, v, _| parse_duration(k, v, MS * 100, SEC * 60);
+    }
+
     /// The order gauges: orders waiting for each timeout, and those overdue (docs/operations.md, Monitoring).
     metrics: MetricsSettings, check None => {
         // Prometheus scrapes every 15 s to 1 min: a reading per scrape at most.

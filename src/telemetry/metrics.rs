@@ -60,6 +60,7 @@ pub(super) struct Metrics {
     pub(super) database_up: Gauge,
     pub(super) broker_connected: Family<Labels1, Gauge>,
     pub(super) paused: Family<Labels1, Gauge>,
+    pub(super) pause_reads_failed: Counter,
     pub(super) config_reloads: Family<Labels1, Counter>,
     pub(super) clock_skew: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
@@ -320,8 +321,14 @@ impl Metrics {
             paused: registered(
                 &mut registry,
                 "paused",
-                "1 while a role is paused on this instance (the consumer of a kind, router, relay, sweeper), 0 while it runs, by role",
+                "1 while a role is paused on this instance, by a pause shared by every instance or by one of this instance only (the consumer of a kind, router, relay, sweeper), 0 while it runs, by role",
                 Family::<Labels1, Gauge>::default(),
+            ),
+            pause_reads_failed: registered(
+                &mut registry,
+                "pause_reads_failed",
+                "Readings of the pauses shared by every instance (order_timeout_pauses) that failed; meanwhile the last known pauses stay in effect",
+                Counter::default(),
             ),
             config_reloads: registered(
                 &mut registry,

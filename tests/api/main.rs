@@ -86,6 +86,7 @@ mod reload; // settings reloaded while running: SIGHUP, /admin/reload, ctl reloa
 mod roles; // least privilege on the database: serve on row rights only
 mod routes; // the authorization matrix over every route, and every spelling of one
 mod settings; // the binary's contracts: settings, doctor, demo
+mod shared_pauses; // pauses kept in the database: across restarts and instances; per-instance pauses
 mod stages; // the delay stages on the real plugin, TTL and quorum queues
 mod tls; // amqps:// end to end
 mod topology; // definitions, quorum queues, rabbitmq.conf

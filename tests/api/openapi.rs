@@ -199,6 +199,30 @@ async fn openapi_document_matches_what_the_api_does() {
             "/admin/resume/router".into(),
             None,
         ),
+        (
+            "POST",
+            "/admin/pause/{role}",
+            "/admin/pause/relay?scope=instance".into(),
+            Some(json!({"reason": "documented"})),
+        ),
+        (
+            "POST",
+            "/admin/pause/{role}",
+            "/admin/pause/relay?scope=cluster".into(),
+            None,
+        ),
+        (
+            "POST",
+            "/admin/pause/{role}",
+            "/admin/pause/relay".into(),
+            Some(json!({"reason": "x".repeat(501)})),
+        ),
+        (
+            "POST",
+            "/admin/resume/{role}",
+            "/admin/resume/relay?scope=instance".into(),
+            None,
+        ),
         ("POST", "/admin/reload", "/admin/reload".into(), None),
     ];
     // Each call with the admin token, then without one (401 where the
@@ -237,4 +261,28 @@ async fn openapi_document_matches_what_the_api_does() {
             }
         }
     }
+}
+
+/// A pause's body is optional (no body, or a reason), and both admin
+/// actions document their scope.
+#[test]
+fn a_pause_documents_its_scope_and_optional_reason() {
+    let doc = serde_json::to_value(order_timeout::http::openapi()).unwrap();
+    for action in ["pause", "resume"] {
+        let op = &doc["paths"][format!("/admin/{action}/{{role}}")]["post"];
+        let scope = op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "scope")
+            .unwrap_or_else(|| panic!("{action}: no scope parameter: {op}"));
+        assert_eq!(scope["in"], "query", "{scope}");
+        assert_ne!(scope["required"], true, "{scope}");
+    }
+    let body = &doc["paths"]["/admin/pause/{role}"]["post"]["requestBody"];
+    assert_ne!(body["required"], true, "{body}");
+    assert!(
+        body["content"]["application/json"]["schema"].is_object(),
+        "{body}"
+    );
 }
