@@ -97,10 +97,15 @@ func main() {
 	}
 
 	if single != nil {
+		if *delayMs != 0 {
+			// The delay counts from the publish, not from the program's start.
+			single.DueAt = time.Now().Add(time.Duration(*delayMs) * time.Millisecond)
+		}
 		schedule(*single)
 	} else if err := eachLine(ctx, os.Stdin, *kind, schedule); err != nil {
 		publisher.Close()
-		usage(err.Error())
+		fmt.Fprintf(os.Stderr, "standard input: %v\n", err)
+		os.Exit(2)
 	}
 	if failed.Load() {
 		publisher.Close()

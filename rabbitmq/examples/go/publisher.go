@@ -360,11 +360,13 @@ func isKind(kind string) bool {
 }
 
 // Delay is what x-delay says for t when published at now: the time left
-// until the order's deadline in whole milliseconds, at least 1 ms (the
-// service refuses 0; a deadline already past is acted on at once, still
-// judged by the database).
+// until the order's deadline, rounded up to whole milliseconds so that the
+// message is never due before the order, and at least 1 ms (the service
+// refuses 0; a deadline already past is acted on at once, still judged by
+// the database).
 func (t Timeout) Delay(now time.Time) int64 {
-	ms := t.DueAt.Sub(now).Milliseconds()
+	left := t.DueAt.Sub(now)
+	ms := int64((left + time.Millisecond - 1) / time.Millisecond)
 	if ms < 1 {
 		return 1
 	}
