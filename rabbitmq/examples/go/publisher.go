@@ -121,6 +121,9 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 
 func (p *Publisher) dial() (*amqp.Connection, error) {
 	return amqp.DialConfig(p.cfg.URL, amqp.Config{
+		// An address that does not answer is given up after 5 s (not the
+		// operating system's minutes), then the backoff decides.
+		Dial:       amqp.DefaultDial(5 * time.Second),
 		Heartbeat:  10 * time.Second, // a dead peer is noticed within about 20 s
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": p.cfg.ConnectionName},
@@ -408,11 +411,15 @@ func (p *Publisher) publish(ctx context.Context, ch *amqp.Channel, t Timeout, me
 			Headers: amqp.Table{"x-delay": t.Delay(now)},
 			Body:    body,
 		})
-	if errors.Is(err, amqp.ErrClosed) {
-		return errLost
-	}
 	if err != nil {
-		return err
+		// The channel is closed, or the connection under it failed to
+		// write (a network cut): either way it is replaced, and the
+		// message goes again on the next one.
+		ch.Close()
+		return fmt.Errorf("%w: %v", errLost, err)
+	}
+	if confirm == nil {
+		return errors.New("the channel is not in confirm mode")
 	}
 	// Wait returns true on the broker's ack, false on a nack and when the
 	// channel closes (every unconfirmed message of a closed channel counts
