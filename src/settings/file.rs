@@ -29,12 +29,13 @@ const DEFAULTS_HEADER: &str = "\
 #   order-timeout config --defaults   this file as shipped
 #   order-timeout doctor              checks them, the database and the broker
 #
-# Installed by the Debian package as /etc/order-timeout/order-timeout.toml, beside
-# order-timeout.env (secrets); there doctor runs as the service does:
+# A running `serve` reads this file again on SIGHUP and applies the keys that
+# say they reload live; any other change needs a restart. With the Debian
+# package (this file is /etc/order-timeout/order-timeout.toml, the secrets are
+# in order-timeout.env beside it): `systemctl reload order-timeout`,
+# `systemctl restart order-timeout`, and doctor as the service runs it:
 #   sudo -u order-timeout sh -c 'set -a; . /etc/order-timeout/order-timeout.env;
 #     exec order-timeout --config /etc/order-timeout/order-timeout.toml doctor'
-# `systemctl reload order-timeout` applies the keys that say they reload live;
-# `systemctl restart order-timeout` applies every change.
 ";
 
 const EFFECTIVE_HEADER: &str = "\
