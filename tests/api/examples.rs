@@ -68,8 +68,8 @@ const PHP_AMQPLIB: &str = "/usr/share/php/PhpAmqpLib/autoload.php";
 
 /// The Go example, built once per test run under `target/` (`go run` would
 /// compile it again for every test, seconds each on a busy machine), and held
-/// to what a Go shop's CI asks of its code: `gofmt` has nothing to say and
-/// `go vet` passes. Its `go.mod` names the upstream module as a shop's would;
+/// to what a Go shop's CI asks of its code: `gofmt` has nothing to say, and
+/// `go vet` and its unit tests pass. Its `go.mod` names the upstream module as a shop's would;
 /// the build is given a copy with a `replace` pointing at Debian's source
 /// (`-modfile`), so nothing is fetched (`GOPROXY=off`) and the example's own
 /// files stay as they are.
@@ -107,13 +107,15 @@ fn go_example() -> Option<PathBuf> {
                     .expect("go runs");
                 assert!(
                     out.status.success(),
-                    "go {}: {}",
+                    "go {}: {}{}",
                     args[0],
+                    String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
                 );
             };
             go(&["build", "-o", &binary.to_string_lossy()]);
             go(&["vet"]);
+            go(&["test"]);
             let gofmt = Command::new("gofmt")
                 .arg("-l")
                 .arg(&source)
