@@ -7,10 +7,12 @@
 use std::fmt::Write as _;
 
 use super::keys::{Key, SECTIONS};
+use super::live::live_when_owned_only;
 use super::*;
 
 /// How `config/order-timeout.toml` is written again after a key changes: said
-/// in its header and by the unit test that compares it with the table.
+/// by the unit test that compares it with the table (the file itself speaks
+/// to operators, who have the installed binary, not the source).
 pub const REGENERATE: &str = "cargo run -q -- config --defaults > config/order-timeout.toml";
 
 const DEFAULTS_HEADER: &str = "\
@@ -22,10 +24,19 @@ const DEFAULTS_HEADER: &str = "\
 # tokens) are better given in the environment than written here.
 # A key left out or commented out keeps its default: as shipped, this file
 # changes nothing. Values are strings, or bare numbers and booleans.
-# `order-timeout config` prints the settings in effect in this form.
 #
-# Written from the settings table (src/settings/keys.rs); after changing it:
-#   ";
+#   order-timeout config              the settings in effect, in this form, secrets redacted
+#   order-timeout config --defaults   this file as shipped
+#   order-timeout doctor              checks them, the database and the broker
+#
+# A running `serve` reads this file again on SIGHUP and applies the keys that
+# say they reload live; any other change needs a restart. With the Debian
+# package (this file is /etc/order-timeout/order-timeout.toml, the secrets are
+# in order-timeout.env beside it): `systemctl reload order-timeout`,
+# `systemctl restart order-timeout`, and doctor as the service runs it:
+#   sudo -u order-timeout sh -c 'set -a; . /etc/order-timeout/order-timeout.env;
+#     exec order-timeout --config /etc/order-timeout/order-timeout.toml doctor'
+";
 
 const EFFECTIVE_HEADER: &str = "\
 # order-timeout: the settings in effect, from the built-in defaults, then the
@@ -36,7 +47,7 @@ const EFFECTIVE_HEADER: &str = "\
 
 /// The built-in defaults as a settings file: `config/order-timeout.toml`.
 pub fn defaults_file() -> String {
-    let mut out = format!("{DEFAULTS_HEADER}{REGENERATE}\n");
+    let mut out = DEFAULTS_HEADER.to_string();
     render(&mut out, |_| None);
     out
 }
@@ -70,11 +81,13 @@ fn render<'a>(out: &mut String, given: impl Fn(&Key) -> Option<(&'a str, &'a Sou
         let _ = write!(out, "\n# {}\n[{name}]\n", section.doc);
         for key in section.keys {
             let field = &key.name[name.len() + 1..];
-            // The keys a reload applies while running say so.
-            let live = if key.live {
-                " Reloads live (SIGHUP)."
-            } else {
-                ""
+            // The keys a reload applies while running say so, and when.
+            let live = match (key.live, live_when_owned_only(key.name)) {
+                (true, false) => " Reloads live (SIGHUP).",
+                (true, true) => {
+                    " Reloads live (SIGHUP) for the service's own orders; with orders.source = mapped, on restart."
+                }
+                (false, _) => "",
             };
             let _ = writeln!(out, "# {}{live}", key.doc);
             match given(key) {

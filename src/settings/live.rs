@@ -18,7 +18,14 @@ pub fn live_keys() -> impl Iterator<Item = &'static str> {
 /// orders already placed: it waits for a restart.
 pub fn is_live(key: &str, settings: &Settings) -> bool {
     keys().any(|k| k.live && k.name == key)
-        && !(key.starts_with("windows.") && settings.mapping.source == OrdersSource::Mapped)
+        && !(live_when_owned_only(key) && settings.mapping.source == OrdersSource::Mapped)
+}
+
+/// Whether `key`, a live one, is applied live only to the service's own
+/// orders and waits for a restart with a mapped table (see [`is_live`]): the
+/// windows. The settings file says so next to each.
+pub(super) fn live_when_owned_only(key: &str) -> bool {
+    key.starts_with("windows.")
 }
 
 /// One key whose value differs between two settings, as `doctor` shows

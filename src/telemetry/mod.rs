@@ -176,12 +176,14 @@ impl Telemetry {
         );
     }
 
-    /// Names an earlier version declared without this version's safety nets
+    /// Names that exist without the safety nets the service declares
     /// (alternate and dead-letter exchanges into `parked`).
     pub fn earlier_topology(&self, names: &[String]) {
         tracing::warn!(
             names = %names.join(", "),
-            "declared by an earlier version without an alternate or dead-letter exchange into parked:              a message that finds no queue there is dropped instead of parked;              `order-timeout doctor` and UPGRADING.md say how to add them"
+            "declared without an alternate or dead-letter exchange into parked (by hand, or by a definitions \
+             file of your own): a message that finds no queue there is dropped instead of parked; \
+             `order-timeout doctor` and UPGRADING.md say how to add them"
         );
     }
 

@@ -170,8 +170,9 @@ impl Found {
             report.warn(
                 "topology",
                 format!(
-                    "{} declared by an earlier version without an alternate or dead-letter exchange into {}: \
-                     a message that finds no queue there is dropped instead of parked. The service works as it is; \
+                    "{} declared without an alternate or dead-letter exchange into {} (by hand, or by a definitions \
+                     file of your own): a message that finds no queue there is dropped instead of parked. The service \
+                     works as it is; \
                      add them with the policies in UPGRADING.md: {}",
                     self.earlier.len(),
                     names.parked(),
@@ -206,8 +207,9 @@ impl Found {
             report.note(
                 "entry exchange",
                 format!(
-                    "{entry} must be a fanout in both modes (the router validates every message before it waits). \
-                     An older version made it x-delayed-message in plugin mode: delete {entry} (timers waiting in it \
+                    "{entry} must be a fanout in every mode (the router validates every message before it waits), \
+                     not another type (x-delayed-message, say, declared by a publisher that used the plugin \
+                     directly): delete {entry} (timers waiting in it \
                      are lost; the sweeper catches their orders at deadline + sweeper.grace) and start the service, \
                      which declares it again"
                 ),

@@ -7,6 +7,93 @@ use super::*;
 /// `config/order-timeout.toml`, as shipped.
 const SHIPPED: &str = include_str!("../../../config/order-timeout.toml");
 
+/// `docs/configuration.md`, whose table of settings is the settings table
+/// told to a reader.
+const PAGE: &str = include_str!("../../../docs/configuration.md");
+
+/// The keys the page's "Every setting" table names, each with the default it
+/// gives: `Some` for a code span, `None` for words (`(none)`, `host:pid`).
+/// A row may name several keys of one stem (`windows.payment` / `.receipt`),
+/// with a default for each or one for all.
+fn page_settings() -> Vec<(String, Option<String>)> {
+    let section = PAGE
+        .split("\n## Every setting\n")
+        .nth(1)
+        .expect("docs/configuration.md has its section `Every setting`");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut listed = Vec::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+        let names: Vec<&str> = cells[0].split(" / ").collect();
+        let defaults: Vec<&str> = cells.get(1).map_or(vec![], |c| c.split(" / ").collect());
+        assert!(
+            defaults.len() == names.len() || defaults.len() == 1,
+            "docs/configuration.md: one default per key, or one for all: {row}"
+        );
+        let first = code(names[0]).unwrap_or_else(|| panic!("docs/configuration.md: {row}"));
+        let stem = &first[..first.rfind('.').unwrap_or(0)];
+        for (i, name) in names.iter().enumerate() {
+            let name = code(name).unwrap_or_else(|| panic!("docs/configuration.md: {row}"));
+            let name = match name.starts_with('.') {
+                true => format!("{stem}{name}"),
+                false => name.to_string(),
+            };
+            let default = defaults[i.min(defaults.len() - 1)];
+            listed.push((name, code(default).map(str::to_string)));
+        }
+    }
+    listed
+}
+
+/// The text of a cell that is one code span.
+fn code(cell: &str) -> Option<&str> {
+    let text = cell.strip_prefix('`')?.strip_suffix('`')?;
+    (!text.contains('`')).then_some(text)
+}
+
+#[test]
+fn the_configuration_page_lists_every_key_with_its_default() {
+    let listed = page_settings();
+    let on_page: Vec<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
+    let missing: Vec<&str> = keys()
+        .map(|k| k.name)
+        .filter(|k| !on_page.contains(k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md lacks {missing:?}"
+    );
+    let unknown: Vec<&str> = on_page
+        .iter()
+        .copied()
+        .filter(|name| !keys().any(|k| k.name == *name))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "docs/configuration.md names keys the service does not have: {unknown:?}"
+    );
+    assert_eq!(
+        on_page.len(),
+        keys().count(),
+        "docs/configuration.md names a key twice"
+    );
+    for (name, default) in &listed {
+        let key = keys().find(|k| k.name == name).expect("known");
+        match default {
+            Some(text) => assert_eq!(
+                text, key.default,
+                "docs/configuration.md: the default of `{name}`"
+            ),
+            // Said in words ("(none)", "(empty: …)"): the default is empty.
+            None => assert_eq!(
+                key.default, "",
+                "docs/configuration.md: `{name}` defaults to `{}`, which the page should say as code",
+                key.default
+            ),
+        }
+    }
+}
+
 /// A settings file below its header.
 fn body(file: &str) -> &str {
     &file[file.find("\n[").unwrap_or(0)..]
