@@ -128,6 +128,7 @@ test-broker: databases examples-deps
 		$(CARGO) test --locked --test api -- --ignored --test-threads=1 broker_restart_native)
 
 lint:
+	python3 scripts/doc-links.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
