@@ -6,7 +6,7 @@
 #   make test-broker TEST_BROKER=amqp://… TEST_MANAGEMENT=http://…/api
 #                the core scenarios, stages, pause and resume, and publisher examples against another broker
 #                (CI: RabbitMQ 4.0.5, and 4.3.6 where the native delay mode runs and the plugin cannot)
-#   make lint    rustfmt and clippy, warnings denied
+#   make lint    rustfmt and clippy, warnings denied; the docs' relative links
 #   make services  start whatever local service is down (RabbitMQ, PostgreSQL, MariaDB)
 #   make cluster   start a local three-node RabbitMQ cluster, ports 5681-5683 (scripts/cluster.sh);
 #                  RABBITMQ_ROOT=/srv/rabbitmq43 for RabbitMQ 4.3 (also for test-cluster)
