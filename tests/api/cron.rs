@@ -2,14 +2,15 @@
 //! shop's cron side by side on the shop's own table, and `doctor`'s dry run
 //! of what the first start closes.
 //!
-//! - `beside_a_cron`: while the service runs, a cron-like loop keeps running
-//!   the shop's own conditional cancel (`UPDATE … SET status = 'cancelled',
-//!   cancelled_by = 'cron' WHERE id = … AND status = 'pending' AND deadline <
-//!   now`) on a few hundred overdue and soon-due orders, and gives the stock
-//!   back only when its update changed the row. Every order is cancelled
-//!   once: the service's wins (its audit rows) and the cron's (its column)
-//!   are disjoint and add up to all; none before its deadline by the
-//!   database's clock; each order's stock given back once, by its winner.
+//! - `beside_a_cron`: while the service runs (timeouts, catch-up, sweeper),
+//!   a cron-like loop keeps running the shop's own conditional cancel
+//!   (`UPDATE shop_orders SET status = 'cancelled', cancelled_by = 'cron' …
+//!   WHERE status = 'pending' AND deadline < now`) on a few hundred overdue
+//!   and soon-due orders, and gives back the stock of exactly the rows its
+//!   update changed. Every order is cancelled once: the service's wins (its
+//!   audit rows) and the cron's (its column) are disjoint and add up to all;
+//!   none before its deadline by the database's clock; each order's stock
+//!   given back once, by its winner.
 //! - `dry_run_mapped`, `dry_run_owned`: `doctor`'s counts per kind, oldest
 //!   deadline and first ids against a table filled here; it changes nothing,
 //!   and a sweep then takes exactly what it said.
@@ -41,7 +42,7 @@ fn schema(backend: Backend) -> Vec<&'static str> {
         Backend::Postgres => vec![
             "CREATE TABLE shop_orders (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL, \
              deadline TIMESTAMPTZ(3) NOT NULL, confirm_by TIMESTAMPTZ(3), \
-             cancelled_at TIMESTAMPTZ(3), cancelled_by VARCHAR(16))",
+             cancelled_at TIMESTAMPTZ(3), cancelled_by VARCHAR(16), cron_run BIGINT)",
             "CREATE TABLE shop_order_lines (order_id BIGINT NOT NULL, sku BIGINT NOT NULL, qty INT NOT NULL)",
             "CREATE INDEX shop_order_lines_order ON shop_order_lines (order_id)",
             "CREATE TABLE shop_stock (sku BIGINT PRIMARY KEY, on_hand BIGINT NOT NULL, reserved BIGINT NOT NULL)",
@@ -53,7 +54,7 @@ fn schema(backend: Backend) -> Vec<&'static str> {
             "CREATE TABLE shop_orders (id BIGINT NOT NULL PRIMARY KEY, status VARCHAR(16) NOT NULL, \
              deadline TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
              confirm_by TIMESTAMP(3) NULL DEFAULT NULL, \
-             cancelled_at TIMESTAMP(3) NULL DEFAULT NULL, cancelled_by VARCHAR(16))",
+             cancelled_at TIMESTAMP(3) NULL DEFAULT NULL, cancelled_by VARCHAR(16), cron_run BIGINT)",
             "CREATE TABLE shop_order_lines (order_id BIGINT NOT NULL, sku BIGINT NOT NULL, qty INT NOT NULL, \
              INDEX shop_order_lines_order (order_id))",
             "CREATE TABLE shop_stock (sku BIGINT NOT NULL PRIMARY KEY, on_hand BIGINT NOT NULL, reserved BIGINT NOT NULL)",
@@ -183,91 +184,90 @@ struct CronRun {
     won: BTreeSet<i64>,
     /// How many times it ran.
     rounds: u64,
-    /// Transactions the database refused (a deadlock, a lock timeout):
-    /// rolled back, the order left for the next round.
+    /// Runs the database refused (a deadlock, a lock timeout): rolled
+    /// back, their orders left for the next run.
     refused: Vec<String>,
 }
 
-/// The shop's cron, run over and over until `stop`: it lists the pending
-/// orders past their deadline, then cancels each with its own conditional
-/// update and, only when that changed the row, gives its stock back and
-/// logs the release, in the same transaction, stock rows locked in SKU
-/// order. Newest id first: it meets the service (oldest first) midway.
+/// The shop's cron, run every few milliseconds until `stop` (every minute,
+/// compressed): each run is one transaction of [`cancel_due`].
 async fn cron(db: DatabaseConnection, backend: Backend, stop: Arc<AtomicBool>) -> CronRun {
-    let now = match backend {
-        Backend::Postgres => "CURRENT_TIMESTAMP",
-        _ => "NOW(3)",
-    };
     let mut run = CronRun::default();
     while !stop.load(Ordering::SeqCst) {
         run.rounds += 1;
-        let due = db
-            .query_all_raw(sea_orm::Statement::from_string(
-                db.get_database_backend(),
-                format!(
-                    "SELECT id FROM shop_orders WHERE status = 'pending' AND deadline < {now} ORDER BY id DESC"
-                ),
-            ))
-            .await
-            .unwrap_or_default();
-        for row in due {
-            let Ok(n) = row.try_get_by_index::<i64>(0) else {
-                continue;
-            };
-            match cancel(&db, backend, now, n).await {
-                Ok(true) => {
-                    run.won.insert(n);
-                }
-                Ok(false) => {}
-                Err(e) => run.refused.push(format!("order {n}: {e}")),
-            }
+        match cancel_due(&db, backend, run.rounds).await {
+            Ok(won) => run.won.extend(won),
+            Err(e) => run.refused.push(format!("run {}: {e}", run.rounds)),
         }
-        // The cron's schedule, compressed: it runs again at once.
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     run
 }
 
-/// The cron's cancel of one order: whether its update changed the row.
-async fn cancel(
+/// One run of the cron, as a shop writes it: lock the pending orders past
+/// their deadline in id order, cancel them with one conditional `UPDATE`
+/// (marked with the run, as a shop without `UPDATE … RETURNING` does), and
+/// give back the stock of exactly the rows that update changed, stock rows
+/// locked in SKU order, in the same transaction. Returns those orders.
+async fn cancel_due(
     db: &DatabaseConnection,
     backend: Backend,
-    now: &str,
-    n: i64,
-) -> Result<bool, sea_orm::DbErr> {
+    round: u64,
+) -> Result<Vec<i64>, sea_orm::DbErr> {
+    let now = match backend {
+        Backend::Postgres => "CURRENT_TIMESTAMP",
+        _ => "NOW(3)",
+    };
     let txn = db.begin().await?;
-    let changed = txn
-        .execute_unprepared(&format!(
-            "UPDATE shop_orders SET status = 'cancelled', cancelled_by = 'cron', cancelled_at = {now} \
-             WHERE id = {n} AND status = 'pending' AND deadline < {now}"
-        ))
-        .await?
-        .rows_affected()
-        == 1;
-    if changed {
-        txn.execute_unprepared(&format!(
-            "SELECT sku FROM shop_stock WHERE sku IN \
-             (SELECT sku FROM shop_order_lines WHERE order_id = {n}) ORDER BY sku FOR UPDATE"
-        ))
-        .await?;
-        let release = match backend {
+    let exec = |sql: String| {
+        let txn = &txn;
+        async move { txn.execute_unprepared(&sql).await }
+    };
+    exec(format!(
+        "SELECT id FROM shop_orders WHERE status = 'pending' AND deadline < {now} ORDER BY id FOR UPDATE"
+    ))
+    .await?;
+    let changed = exec(format!(
+        "UPDATE shop_orders SET status = 'cancelled', cancelled_by = 'cron', cron_run = {round}, \
+         cancelled_at = {now} WHERE status = 'pending' AND deadline < {now}"
+    ))
+    .await?
+    .rows_affected();
+    let mut won = Vec::new();
+    if changed > 0 {
+        let mine = format!("SELECT id FROM shop_orders WHERE cron_run = {round}");
+        for row in txn
+            .query_all_raw(sea_orm::Statement::from_string(
+                txn.get_database_backend(),
+                mine.clone(),
+            ))
+            .await?
+        {
+            won.push(row.try_get_by_index::<i64>(0)?);
+        }
+        exec("SELECT sku FROM shop_stock ORDER BY sku FOR UPDATE".to_string()).await?;
+        let given_back = format!(
+            "(SELECT sku, SUM(qty) AS q FROM shop_order_lines WHERE order_id IN ({mine}) GROUP BY sku) r"
+        );
+        exec(match backend {
             Backend::Postgres => format!(
-                "UPDATE shop_stock s SET reserved = s.reserved - l.qty, on_hand = s.on_hand + l.qty \
-                 FROM shop_order_lines l WHERE l.order_id = {n} AND s.sku = l.sku"
+                "UPDATE shop_stock s SET reserved = s.reserved - r.q, on_hand = s.on_hand + r.q \
+                 FROM {given_back} WHERE s.sku = r.sku"
             ),
             _ => format!(
-                "UPDATE shop_stock s JOIN shop_order_lines l ON s.sku = l.sku \
-                 SET s.reserved = s.reserved - l.qty, s.on_hand = s.on_hand + l.qty WHERE l.order_id = {n}"
+                "UPDATE shop_stock s JOIN {given_back} ON s.sku = r.sku \
+                 SET s.reserved = s.reserved - r.q, s.on_hand = s.on_hand + r.q"
             ),
-        };
-        txn.execute_unprepared(&release).await?;
-        txn.execute_unprepared(&format!(
-            "INSERT INTO shop_stock_moves (order_id, by_whom) VALUES ({n}, 'cron')"
+        })
+        .await?;
+        exec(format!(
+            "INSERT INTO shop_stock_moves (order_id, by_whom) SELECT id, 'cron' FROM shop_orders WHERE cron_run = {round}"
         ))
         .await?;
     }
     txn.commit().await?;
-    Ok(changed)
+    assert_eq!(won.len() as u64, changed, "the run's mark names its rows");
+    Ok(won)
 }
 
 /// Ids of a query's rows (an integer in the first column, read as text).
