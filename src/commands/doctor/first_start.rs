@@ -28,7 +28,8 @@ const SAMPLE: u64 = 10;
 enum Closer {
     /// The consumers' catch-up (`consumer.catch_up`): everything past its
     /// deadline, at once as it starts (with `consumer.wake_at_deadline`),
-    /// else at the kind's first due timeout.
+    /// else at the kind's first due timeout (the sweeper, if it runs, may
+    /// take those past its grace before).
     CatchUp { at_start: bool },
     /// The sweeper alone: what is overdue by more than `sweeper.grace`, in
     /// its first round, `sweeper.interval` after the start.
@@ -40,14 +41,14 @@ enum Closer {
 impl Closer {
     fn of(settings: &Settings) -> Self {
         let consumer = &settings.consumer;
-        if consumer.catch_up && consumer.wake_at_deadline {
-            Self::CatchUp { at_start: true }
+        if consumer.catch_up {
+            // Without the deadline wake, the first due timeout of the kind
+            // starts it: soon, once a checkout publishes them.
+            Self::CatchUp {
+                at_start: consumer.wake_at_deadline,
+            }
         } else if settings.sweeper.enabled {
-            // Whatever a due timeout's catch-up would take earlier, the
-            // sweeper's round comes without one.
             Self::Sweeper
-        } else if consumer.catch_up {
-            Self::CatchUp { at_start: false }
         } else {
             Self::Nothing
         }
@@ -216,8 +217,13 @@ fn describe(
             due.past_grace
         ),
         Closer::CatchUp { at_start: false } => format!(
-            "the consumers' catch-up, at the kind's first due timeout: every one past the deadline; {} of them past it by more than sweeper.grace ({grace})",
-            due.past_grace
+            "the consumers' catch-up, at the kind's first due timeout: every one past the deadline; {} of them past it by more than sweeper.grace ({grace}){}",
+            due.past_grace,
+            if sweeper.enabled {
+                ", which the sweeper takes if no timeout comes first"
+            } else {
+                ""
+            }
         ),
         _ => format!(
             "the sweeper, {} after the start: past the deadline by more than sweeper.grace ({grace}); {} past it in all",
@@ -378,6 +384,21 @@ mod tests {
             lines[2]
                 .1
                 .contains("in its first round, 3 transaction(s) of sweeper.batch_size"),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn without_the_deadline_wake_the_first_due_timeout_starts_the_catch_up() {
+        let s = settings(&[("ORDER_TIMEOUT__CONSUMER__WAKE_AT_DEADLINE", "false")]);
+        let closer = Closer::of(&s);
+        assert_eq!(closer, Closer::CatchUp { at_start: false });
+        assert_eq!(closer.threshold(&s), Duration::ZERO);
+        let lines = describe(&s, closer, TimeoutKind::Payment, Millis(0), &due(8));
+        assert!(
+            lines[0].1.contains(
+                "at the kind's first due timeout: every one past the deadline; 4 of them past it by more than sweeper.grace (1m), which the sweeper takes if no timeout comes first"
+            ),
             "{lines:?}"
         );
     }
