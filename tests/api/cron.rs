@@ -5,8 +5,8 @@
 //! - `beside_a_cron`: while the service runs (timeouts, catch-up, sweeper),
 //!   a cron-like loop keeps running the shop's own conditional cancel
 //!   (`UPDATE shop_orders SET status = 'cancelled', cancelled_by = 'cron' …
-//!   WHERE status = 'pending' AND deadline < now`) on a few hundred overdue
-//!   and soon-due orders, and gives back the stock of exactly the rows its
+//!   WHERE status = 'pending' AND deadline < now`) on waves of overdue and
+//!   soon-due orders, and gives back the stock of exactly the rows its
 //!   update changed. Every order is cancelled once: the service's wins (its
 //!   audit rows) and the cron's (its column) are disjoint and add up to all;
 //!   none before its deadline by the database's clock; each order's stock
@@ -26,10 +26,14 @@ use crate::helpers::*;
 use crate::mapped::Shop;
 use order_timeout::domain::Millis;
 
-/// Orders already overdue when they appear (the cron's backlog), and orders
-/// falling due over the next seconds.
-const OVERDUE: i64 = 200;
-const SOON: i64 = 200;
+/// Per wave, orders already overdue when they appear (the cron's backlog),
+/// and orders falling due over the next seconds.
+const OVERDUE: i64 = 100;
+const SOON: i64 = 100;
+
+/// At most this many waves: another follows while one side has won nothing
+/// yet (a race one side always wins shows nothing).
+const WAVES: i64 = 4;
 
 /// Each SKU's stock before any order.
 const ON_HAND: i64 = 10_000;
@@ -189,7 +193,7 @@ struct CronRun {
     refused: Vec<String>,
 }
 
-/// The shop's cron, run every few milliseconds until `stop` (every minute,
+/// The shop's cron, run every 20 ms until `stop` (every minute,
 /// compressed): each run is one transaction of [`cancel_due`].
 async fn cron(db: DatabaseConnection, backend: Backend, stop: Arc<AtomicBool>) -> CronRun {
     let mut run = CronRun::default();
@@ -199,7 +203,7 @@ async fn cron(db: DatabaseConnection, backend: Backend, stop: Arc<AtomicBool>) -
             Ok(won) => run.won.extend(won),
             Err(e) => run.refused.push(format!("run {}: {e}", run.rounds)),
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     run
 }
@@ -295,34 +299,51 @@ async fn beside_a_cron(backend: Backend, mode: DelayMode) {
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let cron = tokio::spawn(cron(cron_db, backend, stop.clone()));
-
-    // The backlog a cron leaves (minutes to hours overdue, no timer for any),
-    // and orders falling due over the next three seconds, each with its
-    // timeout published after the commit, as a checkout does.
-    let mut orders: Vec<(i64, &str, i64)> =
-        (1..=OVERDUE).map(|n| (n, "pending", -37_000 * n)).collect();
-    let soon = |n: i64| 300 + (n - OVERDUE) * 15;
-    orders.extend((OVERDUE + 1..=OVERDUE + SOON).map(|n| (n, "pending", soon(n))));
-    place(&shop, backend, &orders).await;
     let publisher = app.publisher().await;
-    for n in OVERDUE + 1..=OVERDUE + SOON {
-        publisher.timeout(&n.to_string(), "payment", soon(n)).await;
-    }
-
-    let total = (OVERDUE + SOON) as usize;
-    wait_until(Duration::from_secs(60), "every order cancelled", || async {
-        let left = shop
+    let mut total = 0;
+    for wave in 0..WAVES {
+        // The backlog a cron leaves (minutes to an hour overdue, no timer
+        // for any), and orders falling due over the next two seconds, each
+        // with its timeout published after the commit, as a checkout does.
+        let base = wave * 1_000;
+        let mut orders: Vec<(i64, &str, i64)> = (1..=OVERDUE)
+            .map(|n| (base + n, "pending", -37_000 * n))
+            .collect();
+        let soon = |n: i64| 300 + n * 15;
+        orders.extend((1..=SOON).map(|n| (base + OVERDUE + n, "pending", soon(n))));
+        place(&shop, backend, &orders).await;
+        for n in 1..=SOON {
+            publisher
+                .timeout(&(base + OVERDUE + n).to_string(), "payment", soon(n))
+                .await;
+        }
+        total += orders.len();
+        wait_until(Duration::from_secs(60), "every order cancelled", || async {
+            let left = shop
+                .one(
+                    &format!(
+                        "SELECT {} FROM shop_orders WHERE status <> 'cancelled'",
+                        shop.text("COUNT(*)")
+                    ),
+                    vec![],
+                )
+                .await;
+            (left == "0").then_some(())
+        })
+        .await;
+        let cron_won = shop
             .one(
                 &format!(
-                    "SELECT {} FROM shop_orders WHERE status <> 'cancelled'",
+                    "SELECT {} FROM shop_orders WHERE cancelled_by = 'cron'",
                     shop.text("COUNT(*)")
                 ),
                 vec![],
             )
             .await;
-        (left == "0").then_some(())
-    })
-    .await;
+        if cron_won != "0" && cron_won != total.to_string() {
+            break;
+        }
+    }
     stop.store(true, Ordering::SeqCst);
     let run = cron.await.unwrap();
 
