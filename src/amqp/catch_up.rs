@@ -52,15 +52,26 @@ use crate::orders::Cause;
 
 /// Catch-ups run at most this often while deliveries flow: the lateness a
 /// burst's orders can have beyond their own messages' is about this.
-const EVERY: Duration = Duration::from_millis(20);
+pub(crate) const EVERY: Duration = Duration::from_millis(20);
 
 /// At most this many pages per catch-up, so that deliveries are not kept
 /// waiting behind a very large backlog (the next batch continues it).
-const MAX_PAGES: usize = 4;
+pub(crate) const MAX_PAGES: usize = 4;
 
 /// Orders per page at least (`consumer.batch_size` when larger): a page is
 /// one transaction, and a due burst is applied in as few as it takes.
 const PAGE_AT_LEAST: u64 = 500;
+
+/// Orders per page of a catch-up with `consumer.batch_size` = `batch_size`.
+pub(crate) fn page_size(batch_size: usize) -> u64 {
+    (batch_size as u64).max(PAGE_AT_LEAST)
+}
+
+/// Most orders one catch-up round applies: what `doctor`'s dry run of the
+/// first start reckons a due backlog in.
+pub(crate) fn round_size(batch_size: usize) -> u64 {
+    MAX_PAGES as u64 * page_size(batch_size)
+}
 
 /// Pages applied at once, each in its own transaction (and connection).
 const SIDE_BY_SIDE: usize = 2;
@@ -255,7 +266,7 @@ impl CatchUp {
         self.wake_at = Some(started + REFRESH);
         // Refusals age out: the order is tried again, alone if it must be.
         self.refused.forget_old(started);
-        let limit = (ctx.live().consumer.batch_size as u64).max(PAGE_AT_LEAST);
+        let limit = page_size(ctx.live().consumer.batch_size);
         // One reading of the database's clock picks the round's pages; each
         // page's transaction reads it again, and applies only what is due.
         let Ok(now) = clock::now(&ctx.db).await else {

@@ -10,7 +10,7 @@
 //!   stage's worker (AMQP 1.0);
 //! - [`management`]: the management HTTP API, for what AMQP cannot tell.
 
-mod catch_up;
+pub(crate) mod catch_up;
 pub(crate) mod connection;
 pub(crate) mod consumer;
 pub(crate) mod deferral;

@@ -391,7 +391,7 @@ settings! {
         [live] interval: Duration = "30s", |k, v, _| parse_duration(k, v, MS * 100, DAY);
         /// How long past its deadline an order must be before the sweeper acts on it (0 to 30d).
         [live] grace: Duration = "60s", |k, v, _| parse_duration(k, v, Duration::ZERO, DAY * 30);
-        /// Most orders handled per kind per sweep (1 to 10000).
+        /// Orders per page of a sweep, one transaction each; a sweep goes on until none is left (1 to 10000).
         [live] batch_size: u64 = "500", |k, v, _| parse_range(k, v, 1, MAX_BATCH);
     }
 

@@ -64,6 +64,7 @@ mod catch_up; // one due delivery applies every order of its kind already due
 mod clocks; // the database's clock decides, whatever an instance's host clock says
 mod control; // pause and resume each role while running; ctl
 mod core; // the core promises, every backend and delay mode
+mod cron; // beside a shop's cron job on its table; doctor's dry run of the first start
 mod cross_site; // what a web page may not make the API do: 415, 403, 421
 mod dashboard; // the Grafana dashboard's queries name real metrics
 mod encodings; // x-delay: the type each publisher example sends, every integer type read

@@ -15,6 +15,7 @@ use crate::settings::{OrdersSource, Settings};
 use sea_orm::DatabaseConnection;
 
 mod broker;
+mod first_start;
 
 use broker::{check_broker, check_stages, check_topology};
 
@@ -91,6 +92,9 @@ async fn check_database(report: &mut Report, settings: &Settings) {
             ),
         ),
         Err(e) => report.fail("migrations", e),
+    }
+    if owned {
+        first_start::check_owned(report, settings, &conn).await;
     }
     // Read only once migrated: before that the table may not exist.
     if let Ok(state) = store::outbox_backlog::<order_timeout_events::Entity>(&conn).await {
@@ -214,20 +218,7 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
             Err(e) => report.fail("time zone", format!("{kind}: {e}")),
         }
     }
-    for kind in TimeoutKind::ALL {
-        // The on-call gauges' reading, with no threshold: past the deadline now.
-        match mapped.backlog(conn, kind, Duration::ZERO).await {
-            Ok(Some(backlog)) => report.ok(
-                "orders",
-                format!(
-                    "{kind}: {} waiting, {} of them past the deadline now",
-                    backlog.pending, backlog.overdue
-                ),
-            ),
-            Ok(None) => {}
-            Err(e) => report.fail("orders", format!("{kind}: {e}")),
-        }
-    }
+    first_start::check(report, settings, conn, &mapped).await;
     // Rows the service cannot read are never acted on: worth a warning,
     // not a failure (the other orders are served).
     match mapped.unreadable_ids(conn).await {

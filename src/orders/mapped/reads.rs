@@ -32,8 +32,12 @@ impl Mapped {
         let d = self.dialect;
         let clock = self.clock.now(&k.deadline_ty);
         let mut sql = Sql::new(d);
+        // Named apart: PostgreSQL calls `CAST(id AS TEXT)` `id` too, and an
+        // ORDER BY name takes an output column first, so pages would go in
+        // text order (1, 10, 100, 2) while `id > after` compares the column,
+        // and a sweep would pass over most of an integer-keyed backlog.
         sql.push(&format!(
-            "SELECT {}, {} FROM {} WHERE {} = ",
+            "SELECT {} AS order_timeout_key, {} AS order_timeout_ms FROM {} WHERE {} = ",
             d.as_text(&self.id),
             d.millis_until(&k.deadline, &clock),
             self.table,
