@@ -19,6 +19,7 @@
 //! The service never creates or alters the shop's tables; what it writes of
 //! its own (audit, events) goes to its `order_timeout_*` tables.
 
+mod indexes;
 mod reads;
 mod record;
 mod schema;
@@ -33,6 +34,7 @@ use sea_orm::{
 
 use crate::db::store::{Cause, ExpiryOutcome, LIST_CHUNK};
 use crate::domain::{Millis, OrderKey, StockMove, TimeoutKind};
+pub use indexes::IndexNeed;
 pub use schema::MappingError;
 use sql::{Clock, Dialect, Sql, Ty};
 
@@ -44,13 +46,15 @@ pub struct Mapped {
     clock: Clock,
     /// Where the zone came from, for `doctor`.
     pub zone: ZoneFound,
-    /// The orders table, quoted.
+    /// The orders table, quoted, and as named (`name` or `schema.name`).
     table: String,
+    table_name: String,
     /// Its id column, quoted, and what it holds.
     id: String,
     id_ty: Ty,
-    /// Its status column, quoted.
+    /// Its status column, quoted, and as named.
     status: String,
+    status_name: String,
     /// The column stamped with the database's now by every transition.
     stamp: Option<(String, Ty)>,
     /// Per kind the mapping maps, how it moves an order.
@@ -122,15 +126,39 @@ struct KindSql {
     from_text: String,
     /// What it sets.
     target: Target,
-    /// The deadline as an SQL expression, and the type whose clock it is
-    /// compared with.
-    deadline: String,
+    /// The time column the deadline is reckoned from (the `deadline_column`,
+    /// or the `since_column`), quoted, and as named.
+    column: String,
+    column_name: String,
+    /// Its type: the clock it is compared with.
     deadline_ty: Ty,
-    /// The `since_column`, quoted and as named, when the deadline is reckoned from one.
-    since: Option<(String, String)>,
+    /// How long after the column's value the deadline falls: the window
+    /// when it is a `since_column`, plus one unit of a column coarser than
+    /// milliseconds ([`sql::coarseness_ms`]).
+    after_ms: u128,
+    /// Whether the column is a `since_column` (the window starts there).
+    since: bool,
 }
 
 impl KindSql {
+    /// The deadline, as an expression for a select list.
+    fn deadline(&self, dialect: Dialect) -> String {
+        sql::plus(dialect, &self.column, self.after_ms)
+    }
+
+    /// The earliest deadline among the rows, as an expression for a select
+    /// list: `MIN` of the bare column, which an index serves.
+    fn earliest(&self, dialect: Dialect) -> String {
+        sql::plus(dialect, &format!("MIN({})", self.column), self.after_ms)
+    }
+
+    /// The condition "the deadline passed `by_ms` or more before `now`",
+    /// written on the bare column (see [`sql::at_or_before`]), so that an
+    /// index on the status and this column serves it.
+    fn passed(&self, dialect: Dialect, now: &str, by_ms: u128) -> String {
+        sql::at_or_before(dialect, &self.column, self.after_ms + by_ms, now)
+    }
+
     /// The condition that leaves alone the orders a flag-only timeout has
     /// flagged already (` AND <flag> IS NULL`); empty for one that moves
     /// the status.
@@ -392,11 +420,8 @@ impl Mapped {
             .bind(self.key_value(key, &self.id_ty))
             .push(&format!(" AND {} = ", self.status))
             .bind(k.from.clone())
-            .push(&format!(
-                " AND {} <= {}",
-                k.deadline,
-                self.clock.now(&k.deadline_ty)
-            ));
+            .push(" AND ")
+            .push(&k.passed(self.dialect, &self.clock.now(&k.deadline_ty), 0));
         sql.push(&k.unflagged());
         sql.build()
     }
@@ -420,7 +445,7 @@ impl Mapped {
             "SELECT {}, {}, {} FROM {} WHERE {} = ",
             self.dialect.as_text(&self.status),
             self.dialect
-                .millis_until(&k.deadline, &self.clock.now(&k.deadline_ty)),
+                .millis_until(&k.deadline(self.dialect), &self.clock.now(&k.deadline_ty)),
             self.dialect.as_bigint(&flagged),
             self.table,
             self.id
