@@ -24,6 +24,7 @@ mod m20261201_000005_add_outbox_claims;
 mod m20261202_000006_scope_idempotency_keys;
 mod m20261215_000001_create_event_outbox;
 mod m20261215_000002_create_audit;
+mod m20261215_000003_index_audit_time;
 
 /// All migrations of the service, oldest first.
 pub struct Migrator;
@@ -55,6 +56,7 @@ impl MigratorTrait for Bookkeeping {
         vec![
             Box::new(m20261215_000001_create_event_outbox::Migration),
             Box::new(m20261215_000002_create_audit::Migration),
+            Box::new(m20261215_000003_index_audit_time::Migration),
         ]
     }
 

@@ -88,6 +88,10 @@ fields! {
     Duration: Duration::ZERO, |d: &Duration| humantime::format_duration(*d).to_string();
     Vec<String>: Vec::new(), |v: &Vec<String>| v.join("; ");
     Option<PathBuf>: None, |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    Option<Duration>: None, |d: &Option<Duration>| match d {
+        Some(d) => humantime::format_duration(*d).to_string(),
+        None => "off".to_string(),
+    };
     Option<Zone>: None, |z: &Option<Zone>| z.as_ref().map(ToString::to_string).unwrap_or_default();
     Secret: Secret::opaque(""), Secret::redacted, redact_url;
     Vec<Secret>: Vec::new(), |t: &Vec<Secret>| match t.len() {
@@ -393,6 +397,15 @@ settings! {
         [live] grace: Duration = "60s", |k, v, _| parse_duration(k, v, Duration::ZERO, DAY * 30);
         /// Most orders handled per kind per sweep (1 to 10000).
         [live] batch_size: u64 = "500", |k, v, _| parse_range(k, v, 1, MAX_BATCH);
+    }
+
+    /// The audit trail of a mapped table's transitions (order_timeout_audit): how long it is kept.
+    audit: AuditSettings, check None => {
+        // Deleted a bounded batch at a time with a pause between, judged by
+        // the database's clock (`crate::retention`). The floor keeps the
+        // rows a retried batch reads back (`Mapped::applied_earlier`).
+        /// How long an audit row is kept, then deleted in batches (1h to 3650d); off or 0: kept for ever.
+        [live] retention: Option<Duration> = "90d", |k, v, _| parse_retention(k, v, SEC * 3600, DAY * 3650);
     }
 
     /// The order gauges: orders waiting for each timeout, and those overdue (docs/operations.md, Monitoring).

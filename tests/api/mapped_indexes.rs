@@ -116,8 +116,8 @@ async fn the_planner_uses_the_index() {
         .env("ORDER_TIMEOUT__METRICS__GAUGE_INTERVAL", "200ms")
         .env("ORDER_TIMEOUT__CONSUMER__WAKE_AT_DEADLINE", "true");
     // A day to pay: the unpaid orders are waiting, none is due.
-    let app = spawn_app(mall_mapping(spawn, false).env("ORDER_TIMEOUT__WINDOWS__PAYMENT", "1d"))
-        .await;
+    let app =
+        spawn_app(mall_mapping(spawn, false).env("ORDER_TIMEOUT__WINDOWS__PAYMENT", "1d")).await;
     let shop = Shop::open(&app, Backend::Postgres).await;
 
     // The sweeper's and the catch-up's page, the gauges' count, the deadline
@@ -217,7 +217,9 @@ async fn doctor_accepts_a_partial_index_postgres() {
     // The receipt kind (status 2, delivery_time) still has none.
     assert_eq!(
         statements_advised(&report),
-        ["CREATE INDEX CONCURRENTLY IF NOT EXISTS \"oms_order_status_delivery_time_idx\" ON \"oms_order\" (\"status\", \"delivery_time\")"],
+        [
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"oms_order_status_delivery_time_idx\" ON \"oms_order\" (\"status\", \"delivery_time\")"
+        ],
         "{report}"
     );
 }
