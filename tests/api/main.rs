@@ -58,6 +58,7 @@ macro_rules! each_mode {
 }
 
 // By concern:
+mod audit_retention; // a mapped table's audit trail deleted past audit.retention, in batches
 mod auth; // who may call what, tokens never logged
 mod broker_limits; // silent broker nodes, padded and oversized bodies
 mod catch_up; // one due delivery applies every order of its kind already due
