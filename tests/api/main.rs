@@ -80,6 +80,7 @@ mod instances; // several instances; SIGTERM and SIGKILL of a real process
 mod lifecycle; // the whole order lifecycle, races and refusals
 mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused by name
 mod mapped_indexes; // a shop's table in production: the index each kind needs, doctor's advice, the plans
+mod mapped_roles; // least privilege on a shop's database: column rights on the mapped columns
 mod metrics; // every documented metric after a timeout cycle
 mod native; // the native stage (RabbitMQ 4.3+): mode switches, held timers counted, restarts
 mod openapi; // the OpenAPI document matches what the API does

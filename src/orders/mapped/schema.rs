@@ -221,7 +221,8 @@ async fn shop_zone(
 /// would apply it: the setting for this role in this database, for this
 /// role, for this database, for every role (`pg_db_role_setting`); then the
 /// configuration files (`pg_file_settings`, readable by superusers and
-/// `pg_read_all_settings` only); then the built-in default.
+/// roles granted it and its function, not by `pg_read_all_settings`); then
+/// the built-in default.
 async fn server_zone(db: &DatabaseConnection, dialect: Dialect) -> Result<String, String> {
     let text = |sql: &str| {
         let statement = sea_orm::Statement::from_string(dialect.backend(), sql.to_string());
@@ -259,7 +260,7 @@ async fn server_zone(db: &DatabaseConnection, dialect: Dialect) -> Result<String
             .await
             .map_err(|e| {
                 format!(
-                    "pg_file_settings is not readable ({e}): grant pg_read_all_settings to this role, or set mapping.time_zone"
+                    "pg_file_settings is not readable ({e}): grant SELECT on it and EXECUTE on pg_show_all_file_settings() to this role (config/postgres-mapped-roles.sql), or set mapping.time_zone"
                 )
             })?;
             if let Some(zone) = file {
