@@ -2,8 +2,10 @@
 //! conditional transitions spoken in its columns and status values.
 //!
 //! The rule is the owned mode's: one conditional `UPDATE … WHERE id = … AND
-//! status = <from> AND <deadline> <= <the database's now>`, whose row count is
-//! the answer; stock is given back in the same transaction, only for the
+//! status = <from> AND <column> <= <the database's now> - <span>` (the
+//! deadline is the column plus the span; compared on the bare column, so
+//! that an index serves the sweeper's and the gauges' reads, see
+//! `indexes`), whose row count is the answer; stock is given back in the same transaction, only for the
 //! orders that changed; the transaction commits before the delivery is acked.
 //! Deadlines are compared with the database's own clock. A zone-less column
 //! (`datetime`, `timestamp without time zone`) is read in the zone the shop
