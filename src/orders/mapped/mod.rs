@@ -5,8 +5,9 @@
 //! status = <from> AND <column> <= <the database's now> - <span>` (the
 //! deadline is the column plus the span; compared on the bare column, so
 //! that an index serves the sweeper's and the gauges' reads, see
-//! `indexes`), whose row count is the answer; stock is given back in the same transaction, only for the
-//! orders that changed; the transaction commits before the delivery is acked.
+//! `indexes`), whose row count is the answer; stock is given back in the
+//! same transaction, only for the orders that changed; the transaction
+//! commits before the delivery is acked.
 //! Deadlines are compared with the database's own clock. A zone-less column
 //! (`datetime`, `timestamp without time zone`) is read in the zone the shop
 //! writes it in: `mapping.time_zone`, or else the database server's default,
@@ -15,7 +16,7 @@
 //! shop's: the statements convert the database's instant to that zone
 //! explicitly (see [`sql::Clock::now`]), and `stamp_column` is written in it
 //! too. A deadline stored coarser than milliseconds is rounded towards later
-//! (see [`sql::deadline`]), so that no order is closed early by the
+//! (see [`sql::coarseness_ms`]), so that no order is closed early by the
 //! column's truncation or rounding.
 //!
 //! The service never creates or alters the shop's tables; what it writes of
