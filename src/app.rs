@@ -16,7 +16,7 @@ use crate::amqp::{self, consumer, deferral, relay, router};
 use crate::context::{Context, Role};
 use crate::orders::Orders;
 use crate::settings::{Settings, SettingsSource};
-use crate::{db, gauges, http, pausing, server, sweeper};
+use crate::{db, gauges, http, pausing, retention, server, sweeper};
 
 /// How long shutdown may take before remaining tasks are abandoned.
 pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
@@ -159,6 +159,9 @@ impl Application {
         if ctx.orders.is_owned() {
             // Only the service's own checkouts write idempotency keys.
             tasks.spawn(http::idempotency::clean(ctx.clone(), shutdown.clone()));
+        } else {
+            // Only a mapped table's transitions write the audit trail.
+            tasks.spawn(retention::run(ctx.clone(), shutdown.clone()));
         }
         if let Some(api) = ctx.settings.amqp.management.clone() {
             tasks.spawn(management::monitor(

@@ -21,6 +21,7 @@
 //! - [`amqp`]: connections and supervision, topology, wire contract, router, consumer, relay;
 //! - [`sweeper`]: the safety net that applies overdue transitions by itself;
 //! - [`gauges`]: the on-call gauges of pending and overdue orders, read from the database;
+//! - [`retention`]: the audit trail of a mapped table, deleted in bounded batches past `audit.retention`;
 //! - [`auth`]: bearer tokens, their scopes, and what each route needs;
 //! - [`http`]: the JSON API and its OpenAPI document;
 //! - [`server`]: serving the API with timeouts and caps;
@@ -45,6 +46,7 @@ pub(crate) mod logs;
 pub(crate) mod orders;
 pub(crate) mod pausing;
 pub(crate) mod reload;
+pub mod retention;
 pub(crate) mod server;
 pub mod settings;
 pub mod sweeper;

@@ -25,6 +25,7 @@ mod m20261201_000005_add_outbox_claims;
 mod m20261202_000006_scope_idempotency_keys;
 mod m20261215_000001_create_event_outbox;
 mod m20261215_000002_create_audit;
+mod m20261215_000003_index_audit_time;
 mod m20261216_000001_create_pauses;
 
 /// All migrations of the service, oldest first.
@@ -57,6 +58,7 @@ impl MigratorTrait for Bookkeeping {
         vec![
             Box::new(m20261215_000001_create_event_outbox::Migration),
             Box::new(m20261215_000002_create_audit::Migration),
+            Box::new(m20261215_000003_index_audit_time::Migration),
             Box::new(m20261216_000001_create_pauses::Migration),
         ]
     }

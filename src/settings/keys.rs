@@ -88,6 +88,10 @@ fields! {
     Duration: Duration::ZERO, |d: &Duration| humantime::format_duration(*d).to_string();
     Vec<String>: Vec::new(), |v: &Vec<String>| v.join("; ");
     Option<PathBuf>: None, |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    Option<Duration>: None, |d: &Option<Duration>| match d {
+        Some(d) => humantime::format_duration(*d).to_string(),
+        None => "off".to_string(),
+    };
     Option<Zone>: None, |z: &Option<Zone>| z.as_ref().map(ToString::to_string).unwrap_or_default();
     Secret: Secret::opaque(""), Secret::redacted, redact_url;
     Vec<Secret>: Vec::new(), |t: &Vec<Secret>| match t.len() {
@@ -401,6 +405,15 @@ settings! {
         // reading is one primary-key scan of a table of at most six rows.
         /// How often an instance reads the pauses shared by every instance (100ms to 1m).
         poll_interval: Duration = "1s", |k, v, _| parse_duration(k, v, MS * 100, SEC * 60);
+    }
+
+    /// The audit trail of a mapped table's transitions (order_timeout_audit): how long it is kept.
+    audit: AuditSettings, check None => {
+        // Deleted a bounded batch at a time with a pause between, judged by
+        // the database's clock (`crate::retention`). The floor keeps the
+        // rows a retried batch reads back (`Mapped::applied_earlier`).
+        /// How long an audit row is kept, then deleted in batches (1h to 3650d); off or 0: kept for ever.
+        [live] retention: Option<Duration> = "90d", |k, v, _| parse_retention(k, v, SEC * 3600, DAY * 3650);
     }
 
     /// The order gauges: orders waiting for each timeout, and those overdue (docs/operations.md, Monitoring).

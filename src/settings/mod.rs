@@ -123,7 +123,7 @@ pub use live::{Change, changes, check_applied, is_live, live_keys};
 pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping, Zone};
 use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status, parse_time_zone};
 pub use parse::{MIN_TOKEN_LEN, parse_duration, parse_tokens, parse_window};
-use parse::{parse_bind, parse_bool, parse_choice, parse_log_level, parse_range};
+use parse::{parse_bind, parse_bool, parse_choice, parse_log_level, parse_range, parse_retention};
 pub use secret::{REDACTED, Secret, redact_url};
 
 /// Where a setting's value came from.

@@ -70,6 +70,20 @@ pub fn parse_duration(
     Ok(d)
 }
 
+/// A retention: `off` or `0` keeps for ever (`None`); anything else is a
+/// duration within bounds.
+pub(super) fn parse_retention(
+    key: &str,
+    value: &str,
+    min: Duration,
+    max: Duration,
+) -> Result<Option<Duration>, SettingsError> {
+    match value.trim() {
+        "off" | "0" => Ok(None),
+        v => parse_duration(key, v, min, max).map(Some),
+    }
+}
+
 /// A window: at least one millisecond, at most what one `x-delay` can carry.
 pub fn parse_window(key: &str, value: &str) -> Result<Duration, SettingsError> {
     parse_duration(key, value, Duration::from_millis(1), MAX_DELAY)

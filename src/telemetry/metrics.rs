@@ -63,6 +63,7 @@ pub(super) struct Metrics {
     pub(super) pause_reads_failed: Counter,
     pub(super) config_reloads: Family<Labels1, Counter>,
     pub(super) clock_skew: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub(super) audit_rows_deleted: Counter,
 }
 
 /// Registers `metric` under `name` and returns it: a metric is a handle, so
@@ -341,6 +342,12 @@ impl Metrics {
                 "clock_skew_seconds",
                 "How far this host's clock is ahead of the database's (negative: behind), measured every metrics.gauge_interval; what is due is decided by the database's clock either way",
                 Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
+            ),
+            audit_rows_deleted: registered(
+                &mut registry,
+                "audit_rows_deleted",
+                "Rows of order_timeout_audit deleted by this instance because they were older than audit.retention",
+                Counter::default(),
             ),
             registry,
         }

@@ -106,6 +106,23 @@ impl Telemetry {
         tracing::debug!(count, "expired idempotency keys deleted");
     }
 
+    /// The retention cleaner deleted audit rows older than `audit.retention`
+    /// (one round: every batch until none was left).
+    pub fn audit_rows_deleted(&self, count: u64, before: Millis) {
+        self.m.audit_rows_deleted.inc_by(count);
+        tracing::info!(
+            count,
+            before_ms = before.0,
+            "audit rows past their retention deleted"
+        );
+    }
+
+    /// The retention cleaner could not delete old audit rows; it tries again
+    /// next round (the trail only grows meanwhile).
+    pub fn audit_cleanup_failed(&self, error: &str) {
+        tracing::warn!(error, "cannot delete audit rows past their retention");
+    }
+
     /// The cleaner could not delete expired idempotency keys; it tries again
     /// next round (a key past its retention is treated as new meanwhile).
     pub fn idempotency_cleanup_failed(&self, error: &str) {

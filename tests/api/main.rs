@@ -58,6 +58,7 @@ macro_rules! each_mode {
 }
 
 // By concern:
+mod audit_retention; // a mapped table's audit trail deleted past audit.retention, in batches
 mod auth; // who may call what, tokens never logged
 mod broker_limits; // silent broker nodes, padded and oversized bodies
 mod catch_up; // one due delivery applies every order of its kind already due
@@ -79,6 +80,8 @@ mod idempotency; // checkout retries with an Idempotency-Key
 mod instances; // several instances; SIGTERM and SIGKILL of a real process
 mod lifecycle; // the whole order lifecycle, races and refusals
 mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused by name
+mod mapped_indexes; // a shop's table in production: the index each kind needs, doctor's advice, the plans
+mod mapped_roles; // least privilege on a shop's database: column rights on the mapped columns
 mod metrics; // every documented metric after a timeout cycle
 mod native; // the native stage (RabbitMQ 4.3+): mode switches, held timers counted, restarts
 mod openapi; // the OpenAPI document matches what the API does

@@ -13,9 +13,9 @@ use crate::helpers::*;
 const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
 
 /// The roles and the database the file made: removed on drop.
-struct Made {
-    database: String,
-    roles: [String; 2],
+pub(crate) struct Made {
+    pub(crate) database: String,
+    pub(crate) roles: [String; 2],
 }
 
 impl Drop for Made {
@@ -29,7 +29,7 @@ impl Drop for Made {
 }
 
 /// Runs SQL (psql's meta-commands included) as the superuser.
-fn psql(database: &str, sql: &str) -> Result<String, String> {
+pub(crate) fn psql(database: &str, sql: &str) -> Result<String, String> {
     let mut child = Command::new("psql")
         .args(["-h", "127.0.0.1", "-U", "postgres", "-d", database])
         .args(["-v", "ON_ERROR_STOP=1", "-q", "-f", "-"])

@@ -560,7 +560,7 @@ impl Drop for Reader {
 }
 
 /// On PostgreSQL the configuration files' zone is readable by superusers and
-/// `pg_read_all_settings` only: a role without either, and no per-role or
+/// roles granted `pg_file_settings` only: a role without either, and no per-role or
 /// per-database zone, is refused a mapping with zone-less columns, saying
 /// what to do, rather than guessing; with `mapping.time_zone` it passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -589,7 +589,7 @@ async fn postgres_default_zone_unreadable() {
     let (ok, report) = doctor(&app, &[("ORDER_TIMEOUT__DATABASE__URL", &as_reader)]);
     assert!(
         !ok && report.contains("FAIL  mapping: `mapping.time_zone`: is empty, and the database server's default zone could not be read: pg_file_settings is not readable")
-            && report.contains("grant pg_read_all_settings to this role, or set mapping.time_zone"),
+            && report.contains("grant SELECT on it and EXECUTE on pg_show_all_file_settings() to this role (config/postgres-mapped-roles.sql), or set mapping.time_zone"),
         "{report}"
     );
     let (_, report) = doctor(

@@ -390,31 +390,7 @@ pub async fn delete_expired_keys(
     before: Millis,
     batch: u64,
 ) -> Result<u64, DbErr> {
-    let backend = db.get_database_backend();
-    let sql = match backend {
-        // MariaDB takes no LIMIT in an IN subquery, but a DELETE's own.
-        DbBackend::MySql => format!(
-            "DELETE FROM idempotency_keys WHERE created_at_ms < ? \
-             ORDER BY created_at_ms LIMIT {batch}"
-        ),
-        // SQLite's DELETE … LIMIT is a compile-time option; the row id is not.
-        DbBackend::Sqlite => format!(
-            "DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM idempotency_keys \
-             WHERE created_at_ms < ? ORDER BY created_at_ms LIMIT {batch})"
-        ),
-        _ => format!(
-            "DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid FROM idempotency_keys \
-             WHERE created_at_ms < $1 ORDER BY created_at_ms LIMIT {batch})"
-        ),
-    };
-    let done = db
-        .execute_raw(Statement::from_sql_and_values(
-            backend,
-            sql,
-            [before.0.into()],
-        ))
-        .await?;
-    Ok(done.rows_affected())
+    super::retention::delete_before(db, "idempotency_keys", "created_at_ms", before, batch).await
 }
 
 /// What a taken key was used for, read after the claim failed (the checkout

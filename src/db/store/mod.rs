@@ -36,6 +36,7 @@ mod checkout;
 mod expiry;
 mod publishing;
 mod reads;
+mod retention;
 mod stock;
 
 pub use actions::{Deadline, act, act_during};
@@ -49,6 +50,7 @@ pub use publishing::{
 };
 use reads::load;
 pub use reads::{audit, get_order};
+pub use retention::delete_old_audit;
 use stock::{Stock, lock_orders, lock_stock, move_lines, move_stock, order_lines};
 pub use stock::{get_stock, put_stock};
 

@@ -2,9 +2,12 @@
 //! conditional transitions spoken in its columns and status values.
 //!
 //! The rule is the owned mode's: one conditional `UPDATE … WHERE id = … AND
-//! status = <from> AND <deadline> <= <the database's now>`, whose row count is
-//! the answer; stock is given back in the same transaction, only for the
-//! orders that changed; the transaction commits before the delivery is acked.
+//! status = <from> AND <column> <= <the database's now> - <span>` (the
+//! deadline is the column plus the span; compared on the bare column, so
+//! that an index serves the sweeper's and the gauges' reads, see
+//! `indexes`), whose row count is the answer; stock is given back in the
+//! same transaction, only for the orders that changed; the transaction
+//! commits before the delivery is acked.
 //! Deadlines are compared with the database's own clock. A zone-less column
 //! (`datetime`, `timestamp without time zone`) is read in the zone the shop
 //! writes it in: `mapping.time_zone`, or else the database server's default,
@@ -13,12 +16,13 @@
 //! shop's: the statements convert the database's instant to that zone
 //! explicitly (see [`sql::Clock::now`]), and `stamp_column` is written in it
 //! too. A deadline stored coarser than milliseconds is rounded towards later
-//! (see [`sql::deadline`]), so that no order is closed early by the
+//! (see [`sql::coarseness_ms`]), so that no order is closed early by the
 //! column's truncation or rounding.
 //!
 //! The service never creates or alters the shop's tables; what it writes of
 //! its own (audit, events) goes to its `order_timeout_*` tables.
 
+mod indexes;
 mod reads;
 mod record;
 mod schema;
@@ -33,6 +37,7 @@ use sea_orm::{
 
 use crate::db::store::{Cause, ExpiryOutcome, LIST_CHUNK};
 use crate::domain::{Millis, OrderKey, StockMove, TimeoutKind};
+pub use indexes::IndexNeed;
 pub use schema::MappingError;
 use sql::{Clock, Dialect, Sql, Ty};
 
@@ -44,13 +49,15 @@ pub struct Mapped {
     clock: Clock,
     /// Where the zone came from, for `doctor`.
     pub zone: ZoneFound,
-    /// The orders table, quoted.
+    /// The orders table, quoted, and as named (`name` or `schema.name`).
     table: String,
+    table_name: String,
     /// Its id column, quoted, and what it holds.
     id: String,
     id_ty: Ty,
-    /// Its status column, quoted.
+    /// Its status column, quoted, and as named.
     status: String,
+    status_name: String,
     /// The column stamped with the database's now by every transition.
     stamp: Option<(String, Ty)>,
     /// Per kind the mapping maps, how it moves an order.
@@ -122,15 +129,39 @@ struct KindSql {
     from_text: String,
     /// What it sets.
     target: Target,
-    /// The deadline as an SQL expression, and the type whose clock it is
-    /// compared with.
-    deadline: String,
+    /// The time column the deadline is reckoned from (the `deadline_column`,
+    /// or the `since_column`), quoted, and as named.
+    column: String,
+    column_name: String,
+    /// Its type: the clock it is compared with.
     deadline_ty: Ty,
-    /// The `since_column`, quoted and as named, when the deadline is reckoned from one.
-    since: Option<(String, String)>,
+    /// How long after the column's value the deadline falls: the window
+    /// when it is a `since_column`, plus one unit of a column coarser than
+    /// milliseconds ([`sql::coarseness_ms`]).
+    after_ms: u128,
+    /// Whether the column is a `since_column` (the window starts there).
+    since: bool,
 }
 
 impl KindSql {
+    /// The deadline, as an expression for a select list.
+    fn deadline(&self, dialect: Dialect) -> String {
+        sql::plus(dialect, &self.column, self.after_ms)
+    }
+
+    /// The earliest deadline among the rows, as an expression for a select
+    /// list: `MIN` of the bare column, which an index serves.
+    fn earliest(&self, dialect: Dialect) -> String {
+        sql::plus(dialect, &format!("MIN({})", self.column), self.after_ms)
+    }
+
+    /// The condition "the deadline passed `by_ms` or more before `now`",
+    /// written on the bare column (see [`sql::at_or_before`]), so that an
+    /// index on the status and this column serves it.
+    fn passed(&self, dialect: Dialect, now: &str, by_ms: u128) -> String {
+        sql::at_or_before(dialect, &self.column, self.after_ms + by_ms, now)
+    }
+
     /// The condition that leaves alone the orders a flag-only timeout has
     /// flagged already (` AND <flag> IS NULL`); empty for one that moves
     /// the status.
@@ -392,11 +423,8 @@ impl Mapped {
             .bind(self.key_value(key, &self.id_ty))
             .push(&format!(" AND {} = ", self.status))
             .bind(k.from.clone())
-            .push(&format!(
-                " AND {} <= {}",
-                k.deadline,
-                self.clock.now(&k.deadline_ty)
-            ));
+            .push(" AND ")
+            .push(&k.passed(self.dialect, &self.clock.now(&k.deadline_ty), 0));
         sql.push(&k.unflagged());
         sql.build()
     }
@@ -420,7 +448,7 @@ impl Mapped {
             "SELECT {}, {}, {} FROM {} WHERE {} = ",
             self.dialect.as_text(&self.status),
             self.dialect
-                .millis_until(&k.deadline, &self.clock.now(&k.deadline_ty)),
+                .millis_until(&k.deadline(self.dialect), &self.clock.now(&k.deadline_ty)),
             self.dialect.as_bigint(&flagged),
             self.table,
             self.id

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement};
 
-use super::sql::{Dialect, Sql, Ty};
+use super::sql::{self, Dialect, Sql, Ty};
 use super::{Mapped, Newest};
 use crate::db::store::Backlog;
 use crate::domain::{MAX_ORDER_KEY_BYTES, Millis, OrderKey, TimeoutKind};
@@ -39,16 +39,13 @@ impl Mapped {
         sql.push(&format!(
             "SELECT {} AS order_timeout_key, {} AS order_timeout_ms FROM {} WHERE {} = ",
             d.as_text(&self.id),
-            d.millis_until(&k.deadline, &clock),
+            d.millis_until(&k.deadline(d), &clock),
             self.table,
             self.status
         ))
         .bind(k.from.clone())
-        .push(&format!(
-            " AND {} <= {clock} - {}",
-            k.deadline,
-            d.interval_ms(grace.as_millis())
-        ));
+        .push(" AND ")
+        .push(&k.passed(d, &clock, grace.as_millis()));
         sql.push(&k.unflagged());
         if let Some(after) = after {
             sql.push(&format!(" AND {} > ", self.id))
@@ -122,16 +119,15 @@ impl Mapped {
         let d = self.dialect;
         let clock = self.clock.now(&k.deadline_ty);
         let overdue = format!(
-            "COUNT(CASE WHEN {} <= {clock} - {} THEN 1 END)",
-            k.deadline,
-            d.interval_ms(overdue_after.as_millis())
+            "COUNT(CASE WHEN {} THEN 1 END)",
+            k.passed(d, &clock, overdue_after.as_millis())
         );
         let mut sql = Sql::new(d);
         sql.push(&format!(
             "SELECT {}, {}, {} FROM {} WHERE {} = ",
             d.as_bigint("COUNT(*)"),
             d.as_bigint(&overdue),
-            d.millis_until(&format!("MIN({})", k.deadline), &clock),
+            d.millis_until(&k.earliest(d), &clock),
             self.table,
             self.status
         ))
@@ -161,9 +157,9 @@ impl Mapped {
 
     /// How long until the earliest deadline of `kind` not yet passed, by the
     /// database's clock in the shop's zone (as [`Self::backlog`] reckons
-    /// it); `None` when none is ahead or the mapping has no such kind. With
-    /// a `since_column`, no index serves this read: it costs what the
-    /// backlog gauge's does.
+    /// it); `None` when none is ahead or the mapping has no such kind. An
+    /// index on the status and the deadline's column answers it from its
+    /// first entry past now (see [`Mapped::indexes`]).
     pub async fn until_next(
         &self,
         db: &DatabaseConnection,
@@ -174,12 +170,12 @@ impl Mapped {
         };
         let d = self.dialect;
         let clock = self.clock.now(&k.deadline_ty);
+        let ahead = sql::at_or_after(d, &k.column, k.after_ms, &clock);
         let mut sql = Sql::new(d);
         sql.push(&format!(
-            "SELECT {} FROM {} WHERE {} >= {clock} AND {} = ",
-            d.millis_until(&format!("MIN({})", k.deadline), &clock),
+            "SELECT {} FROM {} WHERE {ahead} AND {} = ",
+            d.millis_until(&k.earliest(d), &clock),
             self.table,
-            k.deadline,
             self.status
         ))
         .bind(k.from.clone());
@@ -203,9 +199,10 @@ impl Mapped {
         let Some(k) = self.kind(kind) else {
             return Ok(None);
         };
-        let Some((since, name)) = &k.since else {
+        if !k.since {
             return Ok(None);
-        };
+        }
+        let (since, name) = (&k.column, &k.column_name);
         let d = self.dialect;
         let now = self.clock.now(&k.deadline_ty);
         let newest = format!("MAX({since})");

@@ -221,7 +221,8 @@ async fn shop_zone(
 /// would apply it: the setting for this role in this database, for this
 /// role, for this database, for every role (`pg_db_role_setting`); then the
 /// configuration files (`pg_file_settings`, readable by superusers and
-/// `pg_read_all_settings` only); then the built-in default.
+/// roles granted it and its function, not by `pg_read_all_settings`); then
+/// the built-in default.
 async fn server_zone(db: &DatabaseConnection, dialect: Dialect) -> Result<String, String> {
     let text = |sql: &str| {
         let statement = sea_orm::Statement::from_string(dialect.backend(), sql.to_string());
@@ -259,7 +260,7 @@ async fn server_zone(db: &DatabaseConnection, dialect: Dialect) -> Result<String
             .await
             .map_err(|e| {
                 format!(
-                    "pg_file_settings is not readable ({e}): grant pg_read_all_settings to this role, or set mapping.time_zone"
+                    "pg_file_settings is not readable ({e}): grant SELECT on it and EXECUTE on pg_show_all_file_settings() to this role (config/postgres-mapped-roles.sql), or set mapping.time_zone"
                 )
             })?;
             if let Some(zone) = file {
@@ -370,9 +371,11 @@ impl Mapped {
             clock,
             zone,
             table: dialect.quote(&m.table),
+            table_name: m.table.clone(),
             id: dialect.quote(&m.id_column),
             id_ty,
             status: dialect.quote(&m.status_column),
+            status_name: m.status_column.clone(),
             stamp,
             kinds,
             stock,
@@ -462,49 +465,26 @@ fn kind_sql(
             format!("status {from_text}, {} stamped once", km.flag_column),
         )
     };
-    let (deadline, deadline_ty, deadline_said) = if km.deadline_column.is_empty() {
-        let ty = orders.column(
-            &key("since_column"),
-            &km.since_column,
-            is_time,
-            "a date and time",
-        )?;
-        let expr = sql::deadline(
-            dialect,
-            &dialect.quote(&km.since_column),
-            window.as_millis(),
-            orders.precision.get(&km.since_column).copied(),
-        );
-        let said = format!(
-            "{} + windows.{kind} ({})",
-            km.since_column,
-            humantime::format_duration(window)
-        );
-        (expr, ty, said)
+    // The deadline is a column plus a span: the window from a
+    // `since_column`, none for a `deadline_column`.
+    let (field, column, span) = if km.deadline_column.is_empty() {
+        ("since_column", &km.since_column, window)
     } else {
-        let ty = orders.column(
-            &key("deadline_column"),
-            &km.deadline_column,
-            is_time,
-            "a date and time",
-        )?;
         (
-            sql::deadline(
-                dialect,
-                &dialect.quote(&km.deadline_column),
-                0,
-                orders.precision.get(&km.deadline_column).copied(),
-            ),
-            ty,
-            km.deadline_column.clone(),
+            "deadline_column",
+            &km.deadline_column,
+            std::time::Duration::ZERO,
         )
     };
-    let since = (km.deadline_column.is_empty())
-        .then(|| (dialect.quote(&km.since_column), km.since_column.clone()));
-    let column = if km.deadline_column.is_empty() {
-        &km.since_column
+    let deadline_ty = orders.column(&key(field), column, is_time, "a date and time")?;
+    let since = km.deadline_column.is_empty();
+    let deadline_said = if since {
+        format!(
+            "{column} + windows.{kind} ({})",
+            humantime::format_duration(window)
+        )
     } else {
-        &km.deadline_column
+        column.clone()
     };
     let found = format!(
         "{kind}: {target_said} when {deadline_said} has passed{}",
@@ -515,8 +495,10 @@ fn kind_sql(
             from,
             from_text,
             target,
-            deadline,
+            column: dialect.quote(column),
+            column_name: column.clone(),
             deadline_ty,
+            after_ms: span.as_millis() + sql::coarseness_ms(orders.precision.get(column).copied()),
             since,
         },
         found,

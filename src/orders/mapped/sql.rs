@@ -131,20 +131,47 @@ impl Clock {
     }
 }
 
-/// The deadline a column gives, as an SQL expression: the column itself, or
-/// `plus_ms` after it (a window from its start). A column coarser than
-/// milliseconds (`datetime`, `timestamp(0)`, precision 0 to 2) holds a time
-/// truncated (MariaDB) or rounded (MySQL, PostgreSQL) to its unit, so up to
-/// one unit earlier than the shop's own time: one unit is added, so that a
-/// deadline is never taken to have passed before it did.
-pub fn deadline(dialect: Dialect, column: &str, plus_ms: u128, precision: Option<u32>) -> String {
-    let unit_ms = match precision {
+/// How much later than a column's value the shop's own time may be: one
+/// unit of a column coarser than milliseconds (`datetime`, `timestamp(0)`,
+/// precision 0 to 2), which holds a time truncated (MariaDB) or rounded
+/// (MySQL, PostgreSQL) to that unit; 0 for milliseconds or finer. A deadline
+/// reckoned from such a column is taken as this much later, so that it is
+/// never taken to have passed before it did.
+pub fn coarseness_ms(precision: Option<u32>) -> u128 {
+    match precision {
         Some(p) if p < 3 => 10u128.pow(3 - p),
         _ => 0,
-    };
-    match plus_ms + unit_ms {
-        0 => column.to_string(),
-        ms => format!("({column} + {})", dialect.interval_ms(ms)),
+    }
+}
+
+/// `expr` plus `ms` milliseconds: the deadline a column (or an aggregate of
+/// it, `MIN(column)`) gives, for a select list.
+pub fn plus(dialect: Dialect, expr: &str, ms: u128) -> String {
+    match ms {
+        0 => expr.to_string(),
+        ms => format!("({expr} + {})", dialect.interval_ms(ms)),
+    }
+}
+
+/// `column + ms <= now`, written `column <= now - ms`: the same instants (an
+/// interval of milliseconds is exact arithmetic on every type of time column
+/// and both dialects: no day or month in it, no zone), but the bare column
+/// compared with a value fixed for the statement, which an index whose key
+/// has the column can serve; `column + ms` is computed row by row, which no
+/// index serves.
+pub fn at_or_before(dialect: Dialect, column: &str, ms: u128, now: &str) -> String {
+    match ms {
+        0 => format!("{column} <= {now}"),
+        ms => format!("{column} <= {now} - {}", dialect.interval_ms(ms)),
+    }
+}
+
+/// `column + ms >= now`, written `column >= now - ms`, for the same reason
+/// as [`at_or_before`].
+pub fn at_or_after(dialect: Dialect, column: &str, ms: u128, now: &str) -> String {
+    match ms {
+        0 => format!("{column} >= {now}"),
+        ms => format!("{column} >= {now} - {}", dialect.interval_ms(ms)),
     }
 }
 
@@ -325,31 +352,50 @@ mod tests {
     fn coarse_deadlines_are_rounded_towards_later() {
         let pg = Dialect::Postgres;
         let my = Dialect::MySql;
-        // Milliseconds or finer: as stored.
-        assert_eq!(deadline(pg, "\"pay_by\"", 0, Some(6)), "\"pay_by\"");
-        assert_eq!(deadline(my, "`pay_by`", 0, Some(3)), "`pay_by`");
-        assert_eq!(
-            deadline(pg, "\"c\"", 3_000, Some(6)),
-            "(\"c\" + INTERVAL '3000 milliseconds')"
-        );
+        // Milliseconds or finer, or unknown: as stored.
+        assert_eq!(coarseness_ms(Some(6)), 0);
+        assert_eq!(coarseness_ms(Some(3)), 0);
+        assert_eq!(coarseness_ms(None), 0);
         // Whole seconds: one second later; tenths and hundredths likewise.
+        assert_eq!(coarseness_ms(Some(0)), 1_000);
+        assert_eq!(coarseness_ms(Some(1)), 100);
+        assert_eq!(coarseness_ms(Some(2)), 10);
+        assert_eq!(plus(pg, "\"pay_by\"", 0), "\"pay_by\"");
         assert_eq!(
-            deadline(my, "`create_time`", 5_000, Some(0)),
+            plus(pg, "MIN(\"c\")", 3_000),
+            "(MIN(\"c\") + INTERVAL '3000 milliseconds')"
+        );
+        assert_eq!(
+            plus(my, "`create_time`", 6_000),
             "(`create_time` + INTERVAL 6000000 MICROSECOND)"
         );
+    }
+
+    #[test]
+    fn deadlines_are_compared_on_the_bare_column() {
+        let pg = Dialect::Postgres;
+        let my = Dialect::MySql;
         assert_eq!(
-            deadline(pg, "\"pay_by\"", 0, Some(0)),
-            "(\"pay_by\" + INTERVAL '1000 milliseconds')"
+            at_or_before(pg, "\"pay_by\"", 0, "CURRENT_TIMESTAMP"),
+            "\"pay_by\" <= CURRENT_TIMESTAMP"
         );
         assert_eq!(
-            deadline(my, "`c`", 0, Some(1)),
-            "(`c` + INTERVAL 100000 MICROSECOND)"
+            at_or_before(
+                pg,
+                "\"c\"",
+                1_801_000,
+                "(CURRENT_TIMESTAMP AT TIME ZONE 'UTC')"
+            ),
+            "\"c\" <= (CURRENT_TIMESTAMP AT TIME ZONE 'UTC') - INTERVAL '1801000 milliseconds'"
         );
         assert_eq!(
-            deadline(pg, "\"c\"", 250, Some(2)),
-            "(\"c\" + INTERVAL '260 milliseconds')"
+            at_or_before(my, "`create_time`", 3_601_000, "NOW(3)"),
+            "`create_time` <= NOW(3) - INTERVAL 3601000000 MICROSECOND"
         );
-        // Unknown precision: as stored.
-        assert_eq!(deadline(my, "`c`", 0, None), "`c`");
+        assert_eq!(at_or_after(my, "`c`", 0, "NOW(3)"), "`c` >= NOW(3)");
+        assert_eq!(
+            at_or_after(pg, "\"c\"", 250, "CURRENT_TIMESTAMP"),
+            "\"c\" >= CURRENT_TIMESTAMP - INTERVAL '250 milliseconds'"
+        );
     }
 }

@@ -162,6 +162,9 @@ fn wrong_values_are_refused_naming_their_key_never_a_secret() {
             "http.protect_operations = true => http.protect_operations: true needs a token",
             "windows.payment = 8d => windows.payment: longer than `windows.max_payment` (7days)",
             "windows.max_payment = 60d => windows.max_payment: is out of range",
+            // Under an hour would delete the rows a retried batch reads back.
+            "audit.retention = 30m => audit.retention: is out of range",
+            "audit.retention = never => audit.retention: is not a duration",
             // A mapping key while the service owns the orders would be ignored.
             "mapping.table = oms_order => mapping.table: `orders.source` is owned",
         ],
@@ -403,5 +406,24 @@ fn a_mapping_that_cannot_work_names_its_key() {
             "mapping.stock.items_table = items => mapping.stock.items_order_column: must be set",
             "mapping.release_sql = UPDATE s SET r = 0 => mapping.release_sql: does not bind the order id",
         ],
+    );
+}
+
+#[test]
+fn the_audit_is_kept_for_its_retention_or_for_ever() {
+    let retention = |v: &str| load(&[("audit.retention", v)]).unwrap().audit.retention;
+    assert_eq!(
+        load(&[]).unwrap().audit.retention,
+        Some(Duration::from_secs(90 * 86_400))
+    );
+    assert_eq!(retention("400d"), Some(Duration::from_secs(400 * 86_400)));
+    assert_eq!(retention("off"), None);
+    assert_eq!(retention("0"), None);
+    assert_eq!(
+        shown(
+            &load(&[("audit.retention", "off")]).unwrap(),
+            "audit.retention"
+        ),
+        "off"
     );
 }

@@ -230,6 +230,7 @@ const RELOADED: &str = "windows.payment = 15m | windows.fulfillment = 3d | windo
     | consumer.hold_max = 3s | relay.batch_size = 33 | relay.rounds_in_flight = 5 \
     | relay.interval = 2s | sweeper.interval = 9s | sweeper.grace = 11s | sweeper.batch_size = 44 \
     | metrics.gauge_interval = 5s | metrics.overdue_after = 90s | log.level = debug \
+    | audit.retention = 30d \
     | http.checkout_tokens = hunter2-token-aaaaaaaa | http.admin_tokens = hunter2-token-bbbbbbbb \
     | amqp.prefix = elsewhere | amqp.delay_mode = ttl | amqp.queue_type = quorum \
     | http.bind = 127.0.0.1:9999 | sweeper.enabled = false | consumer.catch_up = false";
