@@ -62,6 +62,7 @@ pub(super) struct Metrics {
     pub(super) paused: Family<Labels1, Gauge>,
     pub(super) config_reloads: Family<Labels1, Counter>,
     pub(super) clock_skew: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub(super) build_info: Family<Labels2, Gauge>,
 }
 
 /// Registers `metric` under `name` and returns it: a metric is a handle, so
@@ -334,6 +335,12 @@ impl Metrics {
                 "clock_skew_seconds",
                 "How far this host's clock is ahead of the database's (negative: behind), measured every metrics.gauge_interval; what is due is decided by the database's clock either way",
                 Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
+            ),
+            build_info: registered(
+                &mut registry,
+                "build_info",
+                "Always 1: the release (version) and the commit this instance was built from",
+                Family::<Labels2, Gauge>::default(),
             ),
             registry,
         }

@@ -79,6 +79,7 @@ mod instances; // several instances; SIGTERM and SIGKILL of a real process
 mod lifecycle; // the whole order lifecycle, races and refusals
 mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused by name
 mod metrics; // every documented metric after a timeout cycle
+mod migrations; // instances starting at once on an empty database take turns migrating; --version
 mod native; // the native stage (RabbitMQ 4.3+): mode switches, held timers counted, restarts
 mod openapi; // the OpenAPI document matches what the API does
 mod outages; // the broker and the database go away and come back
