@@ -4,7 +4,7 @@
 //! the `ORDER_TIMEOUT_COMMIT` given at build time (a source tarball, an image
 //! build without `.git`); else `unknown`.
 //!
-//! Cheap: a few `git rev-parse` calls, rerun only when HEAD or a branch moves.
+//! Cheap: a few `git rev-parse` calls, rerun only when this work tree's HEAD moves.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,20 +37,22 @@ fn git_commit(here: &Path) -> Option<String> {
     if std::fs::canonicalize(&top).ok()? != std::fs::canonicalize(here).ok()? {
         return None;
     }
-    // A worktree's `.git` is a file naming its own git dir (HEAD, index),
-    // while branches live in the common dir: watch HEAD there, and the
-    // branches here (a directory is scanned whole, so a branch that moves,
-    // packed or not, is seen).
+    // A worktree's `.git` is a file naming its own git dir (HEAD and its
+    // reflog), while branches live in the common dir. Watched: HEAD (a
+    // checkout), its reflog (every commit, reset or checkout of this work
+    // tree) and the current branch's own ref; never all of refs/heads, which
+    // moves with every other branch's commits and would rebuild the crate.
     let git_dir = absolute(here, &git(here, &["rev-parse", "--git-dir"])?);
     let common = absolute(here, &git(here, &["rev-parse", "--git-common-dir"])?);
-    for watched in [
-        git_dir.join("HEAD"),
-        common.join("refs").join("heads"),
-        common.join("packed-refs"),
-    ] {
+    let mut watched = vec![git_dir.join("HEAD"), git_dir.join("logs").join("HEAD")];
+    if let Some(branch) = git(here, &["symbolic-ref", "-q", "HEAD"]) {
+        watched.push(common.join(branch));
+    }
+    watched.push(common.join("packed-refs"));
+    for path in watched {
         // A path that does not exist would rerun this script on every build.
-        if watched.exists() {
-            println!("cargo:rerun-if-changed={}", watched.display());
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
         }
     }
     git(here, &["rev-parse", "--short=12", "HEAD"])

@@ -90,4 +90,5 @@ mod settings; // the binary's contracts: settings, doctor, demo
 mod stages; // the delay stages on the real plugin, TTL and quorum queues
 mod tls; // amqps:// end to end
 mod topology; // definitions, quorum queues, rabbitmq.conf
+mod upgrade; // the previous release and this one side by side (make test-upgrade)
 mod zones; // a mapped shop's time zone, and deadlines stored in whole seconds
