@@ -253,7 +253,7 @@ settings! {
         migrate_on_start: bool = "true", |k, v, _| parse_bool(k, v);
         // Instances that start together take turns: one migrates under a
         // database lock, the others wait, then find nothing pending.
-        /// Longest wait for another instance's migration before start-up fails naming who holds it (1s to 24h).
+        /// Longest wait while another instance migrates; then start-up fails naming it (1s to 24h).
         migrate_lock_wait: Duration = "5m", |k, v, _| parse_duration(k, v, SEC, DAY);
     }
 
