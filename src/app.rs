@@ -25,11 +25,12 @@ pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
 pub const CLOSE_LIMIT: Duration = Duration::from_secs(2);
 
 /// How long start-up and `migrate` wait for another instance's migration,
-/// and how they say they are waiting.
+/// and how they say they are waiting, or that a newer release migrated.
 pub fn migration_lock(settings: &Settings) -> db::MigrationLock {
     db::MigrationLock {
         wait: settings.database.migrate_lock_wait,
         waiting: crate::telemetry::Telemetry::migration_waiting,
+        newer: crate::telemetry::Telemetry::schema_newer,
     }
 }
 

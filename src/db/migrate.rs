@@ -29,22 +29,102 @@ pub const POSTGRES_LOCK_KEY: i64 = 0x6f72_6465_722d_746f;
 /// are server-wide, so the name must say which database it guards.
 pub const MYSQL_LOCK_PREFIX: &str = "order-timeout migrations ";
 
-/// How long to wait for another instance's migration, and what to say while
-/// waiting (the caller's telemetry: the database layer does not log).
+/// How long to wait for another instance's migration, and what to say
+/// while waiting or about a schema newer than this version (the caller's
+/// telemetry: the database layer does not log).
 #[derive(Clone, Copy)]
 pub struct MigrationLock {
     /// Past this, the wait ends with an error naming who holds the lock.
     pub wait: Duration,
     /// Called once, with who holds the lock, when this instance has to wait.
     pub waiting: fn(holder: &str, wait: Duration),
+    /// Called with the migrations a newer release applied that this version
+    /// does not know (it then migrates nothing and runs on that schema).
+    pub newer: fn(unknown: &[String]),
 }
 
 impl MigrationLock {
-    /// A lock wait that says nothing while waiting (tools and tests).
+    /// A lock wait that says nothing (tools and tests).
     pub fn quiet(wait: Duration) -> Self {
         Self {
             wait,
             waiting: |_, _| {},
+            newer: |_| {},
+        }
+    }
+}
+
+/// What a migrator does, given the migrations it knows and those the
+/// database records.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// Apply what is pending (maybe nothing).
+    Apply,
+    /// Leave the schema alone: a newer release applied these migrations,
+    /// after every one this version knows.
+    Newer(Vec<String>),
+}
+
+/// Whether to migrate a database that may have been migrated by a newer
+/// release.
+///
+/// During a rolling upgrade an instance of the release before may restart
+/// after the new one migrated. The migrations of a minor series are
+/// additive (UPGRADING.md, "Rolling upgrades"), so when every migration this
+/// version knows is applied, it runs on the newer schema as it is; SeaORM's
+/// own check would refuse to start ("migration file … is missing"). A
+/// database that records unknown migrations but lacks some of this
+/// version's is no schema either release made: that is an error.
+fn plan(known: &[String], applied: &[String]) -> Result<Plan, DbErr> {
+    let unknown: Vec<String> = applied
+        .iter()
+        .filter(|a| !known.contains(a))
+        .cloned()
+        .collect();
+    if unknown.is_empty() {
+        return Ok(Plan::Apply);
+    }
+    let missing: Vec<&String> = known.iter().filter(|k| !applied.contains(k)).collect();
+    if missing.is_empty() {
+        Ok(Plan::Newer(unknown))
+    } else {
+        Err(DbErr::Migration(format!(
+            "the database records migrations this version does not know ({}) but lacks some it \
+             needs ({}): it was not migrated by a release of this series; run the release that \
+             applied them, or restore the database",
+            unknown.join(", "),
+            missing
+                .iter()
+                .map(|m| m.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
+    }
+}
+
+/// Applies `M`'s pending migrations, unless a newer release migrated past
+/// them ([`plan`]).
+async fn up<'c, M, C>(conn: &'c C, lock: MigrationLock) -> Result<(), DbErr>
+where
+    M: MigratorTrait,
+    C: ConnectionTrait,
+    &'c C: IntoDatabaseExecutor<'c>,
+{
+    let known: Vec<String> = M::migrations()
+        .iter()
+        .map(|m| m.name().to_string())
+        .collect();
+    // Creates the migration table when there is none: under the lock.
+    let applied: Vec<String> = M::get_migration_models(conn)
+        .await?
+        .into_iter()
+        .map(|m| m.version)
+        .collect();
+    match plan(&known, &applied)? {
+        Plan::Apply => M::up(conn, None).await,
+        Plan::Newer(unknown) => {
+            (lock.newer)(&unknown);
+            Ok(())
         }
     }
 }
@@ -104,7 +184,7 @@ pub(super) async fn locked(
             let session = dedicated(db, backend).await?;
             let result = match acquire(&session, backend, lock).await {
                 Ok(()) => {
-                    let applied = apply(&session, step).await;
+                    let applied = apply(&session, step, lock).await;
                     let released = release(&session, backend).await;
                     applied.and(released)
                 }
@@ -360,7 +440,7 @@ async fn sqlite_locked(
     };
     // The pool's one connection is the transaction's now: restored through it.
     txn.execute_unprepared(&restore).await?;
-    match apply(&txn, step).await {
+    match apply(&txn, step, lock).await {
         Ok(()) => txn.commit().await,
         Err(e) => {
             txn.rollback().await.ok();
@@ -376,7 +456,7 @@ fn is_busy(e: &DbErr) -> bool {
 }
 
 /// The step itself, on the connection that holds the lock.
-async fn apply<'c, C>(conn: &'c C, step: Step) -> Result<(), DbErr>
+async fn apply<'c, C>(conn: &'c C, step: Step, lock: MigrationLock) -> Result<(), DbErr>
 where
     C: ConnectionTrait,
     &'c C: IntoDatabaseExecutor<'c>,
@@ -384,9 +464,9 @@ where
     match step {
         Step::Up { owned } => {
             if owned {
-                Migrator::up(conn, None).await?;
+                up::<Migrator, C>(conn, lock).await?;
             }
-            Bookkeeping::up(conn, None).await
+            up::<Bookkeeping, C>(conn, lock).await
         }
         Step::DownOne { owned } => {
             // The bookkeeping migrations were applied after the service's own.
@@ -416,6 +496,21 @@ mod tests {
         assert_eq!(POSTGRES_LOCK_KEY.to_be_bytes(), *b"order-to");
         assert_eq!((POSTGRES_LOCK_KEY >> 32) as u32, 1_869_767_781);
         assert_eq!(POSTGRES_LOCK_KEY as u32, 1_915_581_551);
+    }
+
+    #[test]
+    fn a_schema_a_newer_release_migrated_is_left_as_it_is() {
+        let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let known = names(&["m1", "m2"]);
+        assert_eq!(plan(&known, &[]).unwrap(), Plan::Apply);
+        assert_eq!(plan(&known, &names(&["m1"])).unwrap(), Plan::Apply);
+        assert_eq!(plan(&known, &known).unwrap(), Plan::Apply);
+        assert_eq!(
+            plan(&known, &names(&["m1", "m2", "m3"])).unwrap(),
+            Plan::Newer(names(&["m3"]))
+        );
+        let e = plan(&known, &names(&["m1", "m3"])).unwrap_err().to_string();
+        assert!(e.contains("(m3)") && e.contains("(m2)"), "{e}");
     }
 
     #[test]

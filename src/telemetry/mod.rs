@@ -442,6 +442,18 @@ impl Telemetry {
         );
     }
 
+    /// The database records migrations of a newer release (a rolling
+    /// upgrade under way): this version migrates nothing and runs on that
+    /// schema, which the newer release keeps compatible. No `self`, like
+    /// [`Telemetry::migration_waiting`].
+    pub fn schema_newer(unknown: &[String]) {
+        tracing::warn!(
+            unknown = unknown.join(", "),
+            "the database was migrated by a newer release (migrations this version does not know); \
+             running on its schema without migrating, as a rolling upgrade allows"
+        );
+    }
+
     /// The HTTP API accepts connections.
     pub fn listening(&self, addr: &str) {
         tracing::info!(addr, "HTTP API listening");

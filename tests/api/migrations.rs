@@ -279,3 +279,49 @@ async fn a_held_lock_is_waited_for_then_named(backend: Backend, holder: &str) {
     assert!(out.status.success(), "{backend:?}: {out:?}");
     assert_each_migration_applied_once(fresh.database_url()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_migrated_by_a_newer_release_is_run_on_as_it_is() {
+    // An instance of this version restarting during a rollout to a newer
+    // one: the database records a migration it does not know.
+    let fresh = fresh(Spawn::new(Backend::Postgres, DelayMode::Ttl)).await;
+    let migrate = || {
+        std::process::Command::new(BIN)
+            .args(["migrate", "up"])
+            .envs(fresh.env.clone())
+            .output()
+            .unwrap()
+    };
+    assert!(migrate().status.success());
+    let newer = "m29991231_000001_from_a_newer_release";
+    admin(
+        fresh.database_url(),
+        &format!("INSERT INTO seaql_migrations (version, applied_at) VALUES ('{newer}', 0)"),
+    )
+    .await;
+    let out = migrate();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("migrated by a newer release") && text.contains(newer),
+        "{text}"
+    );
+    // And `serve` starts on it.
+    let logs = Logs(vec![
+        std::env::temp_dir().join(format!("{}-newer.log", fresh.vhost)),
+    ]);
+    let mut child = Serve::new(BIN)
+        .envs(fresh.env.clone())
+        .log(&logs.0[0])
+        .start()
+        .expect("serve starts");
+    child
+        .wait_ready(&fresh.http, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", child.log_text()));
+    child.stop();
+}
