@@ -12,9 +12,13 @@
 # dependencies already built are reused, not rebuilt. The binary is copied to
 # target/upgrade/order-timeout-REV (its path is the last line printed).
 #
-# Both builds write the same uplifted target/release/order-timeout: once the
-# old one is copied away, the current tree's is built again (a relink when it
-# is up to date) and checked with --version to be this tree's HEAD.
+# Cargo names a workspace member's artefacts after its path relative to the
+# workspace root, so the two trees' `order-timeout` and `migrations` share
+# their files in target/release: the old build replaces the current one's
+# (the uplifted target/release/order-timeout included). Once the old binary
+# is copied away, the current tree's is built again (those two crates only,
+# about as long as the old build) and checked with --version to be this
+# tree's HEAD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
