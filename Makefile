@@ -18,6 +18,8 @@
 #                On RabbitMQ 4.3 (AMQP on 5677, management on 15677 here), name that broker and the mode:
 #                make bench BENCH_ARGS="--mode native --amqp amqp://guest:guest@127.0.0.1:5677 --management http://guest:guest@127.0.0.1:15677/api"
 #                (--mode ttl for ttl mode there; the same BENCH_ARGS for make bench-million)
+#   make test-upgrade  the previous release (UPGRADE_FROM, built by scripts/previous-release.sh) and this
+#                version side by side on one database and vhost while timers come due (UPGRADING.md)
 #   make dist    target/dist/order-timeout_<version>_amd64.deb: binary, config, systemd unit (packaging/)
 #   make test-dist  install that package here (root), run it as its unit would, then purge it
 #   make image   target/image/order-timeout-<version>.oci.tar and order-timeout:<version> in the local
@@ -34,7 +36,7 @@ PYTHON := $(VENV)/bin/python
 # database pools, and timing-bound tests then fail for want of CPU.
 TEST_THREADS ?= 8
 
-.PHONY: run test test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts image image-tools test-image test-manifests
+.PHONY: run test test-upgrade test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts image image-tools test-image test-manifests
 
 run: broker
 	$(CARGO) run --release -- serve
@@ -68,9 +70,22 @@ test: services examples-deps tools lint
 	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 broker_restart,$(FORGET_DELAYED))
 	@# These set MariaDB's server-wide default time zone: alone too.
 	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 server_zone,$(FORGET_DELAYED))
+	@# The previous release beside this one (builds it: after the release build above).
+	$(MAKE) test-upgrade
 	bash scripts/readme-example.sh ttl plugin
 	$(MAKE) test-dist
 	$(MAKE) test-manifests test-image
+
+# A rolling upgrade: the release UPGRADE_FROM (a tag; a clone without tags
+# finds its commit in packaging/releases) is built in a git worktree under
+# target/upgrade/ sharing target/ (scripts/previous-release.sh), then runs
+# beside this version on one PostgreSQL database and vhost, in ttl and plugin
+# mode, while timers come due (tests/api/upgrade.rs).
+UPGRADE_FROM ?= v0.1.0-rc.1
+test-upgrade: services
+	bash scripts/previous-release.sh $(UPGRADE_FROM)
+	$(call and_forget,ORDER_TIMEOUT_PREVIOUS_BIN=$(abspath target/upgrade/order-timeout-$(subst /,_,$(UPGRADE_FROM))) $(TEST_ENV) \
+		$(CARGO) test --locked --test api -- --ignored --test-threads=2 upgrade::,$(FORGET_DELAYED))
 
 # The same workspace build as `make test`, so neither rebuilds the other's
 # dependencies with different features.

@@ -24,6 +24,16 @@ pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(20);
 /// How long the database pools may take to close after that.
 pub const CLOSE_LIMIT: Duration = Duration::from_secs(2);
 
+/// How long start-up and `migrate` wait for another instance's migration,
+/// and how they say they are waiting, or that a newer release migrated.
+pub fn migration_lock(settings: &Settings) -> db::MigrationLock {
+    db::MigrationLock {
+        wait: settings.database.migrate_lock_wait,
+        waiting: crate::telemetry::Telemetry::migration_waiting,
+        newer: crate::telemetry::Telemetry::schema_newer,
+    }
+}
+
 /// A built application: database ready, listener bound, nothing running yet.
 pub struct Application {
     listener: TcpListener,
@@ -64,7 +74,7 @@ impl Application {
             .await
             .context("the orders mapping does not match the database")?;
         if settings.database.migrate_on_start {
-            db::migrate_for(&db, orders.is_owned())
+            db::migrate_for(&db, orders.is_owned(), migration_lock(&settings))
                 .await
                 .context("migrating the database")?;
         }

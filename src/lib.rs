@@ -27,6 +27,9 @@
 //! - [`server`]: serving the API with timeouts and caps;
 //! - [`app`]: build and run every component, and shut them down;
 //! - [`commands`]: the command line and the subcommands around the service (`doctor`, `demo`, `ctl`).
+//!
+//! [`VERSION`] and [`COMMIT`] say which build this is (`--version`, the
+//! start-up log, `order_timeout_build_info`).
 
 pub mod amqp;
 pub mod app;
@@ -51,3 +54,19 @@ pub(crate) mod server;
 pub mod settings;
 pub mod sweeper;
 pub(crate) mod telemetry;
+
+/// The release this binary is (Cargo.toml's version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The commit it was built from: 12 hex digits from git, what
+/// `ORDER_TIMEOUT_COMMIT` said at build time without `.git`, or `unknown`
+/// (build.rs).
+pub const COMMIT: &str = env!("ORDER_TIMEOUT_BUILD_COMMIT");
+
+/// `VERSION (COMMIT)`, as `--version` prints it after the binary's name.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("ORDER_TIMEOUT_BUILD_COMMIT"),
+    ")"
+);

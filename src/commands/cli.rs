@@ -20,7 +20,7 @@ use crate::{db, logs};
 
 /// Closes e-commerce orders whose deadline passed: RabbitMQ keeps the deadlines, the database decides.
 #[derive(Debug, Parser)]
-#[command(name = "order-timeout", version, about)]
+#[command(name = "order-timeout", version = crate::LONG_VERSION, about)]
 pub struct Cli {
     /// TOML settings file (also ORDER_TIMEOUT_CONFIG); environment variables
     /// ORDER_TIMEOUT__SECTION__KEY override it.
@@ -280,11 +280,11 @@ async fn migrate(settings: Settings, action: MigrateAction) -> anyhow::Result<Ex
     let owned = settings.mapping.source == OrdersSource::Owned;
     match action {
         MigrateAction::Up => {
-            db::migrate_for(&conn, owned).await?;
+            db::migrate_for(&conn, owned, crate::app::migration_lock(&settings)).await?;
             println!("migrations applied");
         }
         MigrateAction::Down => {
-            db::migrate_down_one(&conn, owned).await?;
+            db::migrate_down_one(&conn, owned, crate::app::migration_lock(&settings)).await?;
             println!("rolled back the last migration");
         }
         MigrateAction::Status => {

@@ -1,4 +1,5 @@
-//! The database: connecting (with the right settings per backend), migrating,
+//! The database: connecting (with the right settings per backend), migrating
+//! (under a lock, [`migrate`]),
 //! the transactions in [`store`], and the domain events every transition
 //! appends ([`events`]).
 
@@ -6,11 +7,15 @@ pub mod clock;
 pub mod entities;
 pub mod events;
 pub mod pauses;
+pub mod migrate;
 pub mod store;
 
 use std::time::Duration;
 
 use migrations::{Bookkeeping, Migrator, MigratorTrait};
+
+pub use migrate::MigrationLock;
+use migrate::Step;
 use sea_orm::{ConnectOptions, Database, DatabaseConnection, DbBackend, DbErr};
 
 use crate::settings::DatabaseSettings;
@@ -91,60 +96,55 @@ pub async fn connect_pool(
 }
 
 /// Applies pending migrations: the service's own tables ([`Migrator`]), then
-/// its bookkeeping tables ([`migrate_bookkeeping`]).
-pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
-    Migrator::up(db, None).await?;
-    migrate_bookkeeping(db).await
+/// its bookkeeping tables, under the migration lock ([`MigrationLock`]).
+pub async fn migrate(db: &DatabaseConnection, lock: MigrationLock) -> Result<(), DbErr> {
+    migrate::locked(db, Step::Up { owned: true }, lock).await
 }
 
 /// The migrations a database needs: all of them when the service owns the
-/// orders, only the bookkeeping ones in a shop's database (`orders.source =
-/// mapped`), whose own tables are never touched.
+/// orders, only the bookkeeping ones ([`Bookkeeping`]: the event outbox and
+/// the audit trail, all named `order_timeout_…`, recorded in their own
+/// migration table) in a shop's database (`orders.source = mapped`), whose
+/// own tables are never touched. Under the migration lock, so instances
+/// that start together apply each migration once.
 ///
 /// A role that may not change the schema (least privilege: `serve` on row
 /// rights only) gets an error saying so and what to do, not the driver's text
 /// alone.
-pub async fn migrate_for(db: &DatabaseConnection, owned: bool) -> Result<(), DbErr> {
-    let result = if owned {
-        migrate(db).await
-    } else {
-        migrate_bookkeeping(db).await
-    };
-    result.map_err(|e| {
-        let text = e.to_string();
-        let denied = ["permission denied", "command denied", "access denied"]
-            .iter()
-            .any(|d| text.to_lowercase().contains(d));
-        if denied {
-            DbErr::Migration(format!(
-                "the role of database.url may not change the schema ({text}): run the migrations \
-                 as the role that owns the schema (`order-timeout migrate up` with its URL), and \
-                 serve with database.migrate_on_start = false (docs/operations.md: least privilege \
-                 on the database)"
-            ))
-        } else {
-            e
-        }
-    })
+pub async fn migrate_for(
+    db: &DatabaseConnection,
+    owned: bool,
+    lock: MigrationLock,
+) -> Result<(), DbErr> {
+    migrate::locked(db, Step::Up { owned }, lock)
+        .await
+        .map_err(|e| {
+            let text = e.to_string();
+            let denied = ["permission denied", "command denied", "access denied"]
+                .iter()
+                .any(|d| text.to_lowercase().contains(d));
+            if denied {
+                DbErr::Migration(format!(
+                    "the role of database.url may not change the schema ({text}): run the migrations \
+                     as the role that owns the schema (`order-timeout migrate up` with its URL), and \
+                     serve with database.migrate_on_start = false (docs/operations.md: least privilege \
+                     on the database)"
+                ))
+            } else {
+                e
+            }
+        })
 }
 
-/// Applies pending migrations of the bookkeeping tables only (the event
-/// outbox and the audit trail, all named `order_timeout_…`, recorded in
-/// their own migration table): what a database needs whose orders are not
-/// the service's own.
-pub async fn migrate_bookkeeping(db: &DatabaseConnection) -> Result<(), DbErr> {
-    Bookkeeping::up(db, None).await
-}
-
-/// Rolls back the most recent migration: the last bookkeeping one while any
-/// is applied (they were applied after the service's own), else the last of
-/// the service's own.
-pub async fn migrate_down_one(db: &DatabaseConnection, owned: bool) -> Result<(), DbErr> {
-    if owned && Bookkeeping::get_applied_migrations(db).await?.is_empty() {
-        Migrator::down(db, Some(1)).await
-    } else {
-        Bookkeeping::down(db, Some(1)).await
-    }
+/// Rolls back the most recent migration, under the migration lock: the last
+/// bookkeeping one while any is applied (they were applied after the
+/// service's own), else the last of the service's own.
+pub async fn migrate_down_one(
+    db: &DatabaseConnection,
+    owned: bool,
+    lock: MigrationLock,
+) -> Result<(), DbErr> {
+    migrate::locked(db, Step::DownOne { owned }, lock).await
 }
 
 /// `(applied, pending)` migration names, the service's own (when it owns

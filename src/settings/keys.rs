@@ -255,6 +255,10 @@ settings! {
         background_connections: u32 = "5", |k, v, _| parse_range(k, v, 1, 1000);
         /// Whether `serve` applies pending migrations at start (false: run `order-timeout migrate` yourself).
         migrate_on_start: bool = "true", |k, v, _| parse_bool(k, v);
+        // Instances that start together take turns: one migrates under a
+        // database lock, the others wait, then find nothing pending.
+        /// Longest wait while another instance migrates; then start-up fails naming it (1s to 24h).
+        migrate_lock_wait: Duration = "5m", |k, v, _| parse_duration(k, v, SEC, DAY);
     }
 
     /// The broker, RabbitMQ: where the timers wait until their deadline.

@@ -64,6 +64,7 @@ pub(super) struct Metrics {
     pub(super) config_reloads: Family<Labels1, Counter>,
     pub(super) clock_skew: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub(super) audit_rows_deleted: Counter,
+    pub(super) build_info: Family<Labels2, Gauge>,
 }
 
 /// Registers `metric` under `name` and returns it: a metric is a handle, so
@@ -348,6 +349,12 @@ impl Metrics {
                 "audit_rows_deleted",
                 "Rows of order_timeout_audit deleted by this instance because they were older than audit.retention",
                 Counter::default(),
+            ),
+            build_info: registered(
+                &mut registry,
+                "build_info",
+                "Always 1: the release (version) and the commit this instance was built from",
+                Family::<Labels2, Gauge>::default(),
             ),
             registry,
         }

@@ -43,6 +43,13 @@ impl Telemetry {
             backlog_unreadable: AtomicBool::new(false),
             clock_skewed: AtomicBool::new(false),
         };
+        // Which build answers: one series, always 1, joined on by queries
+        // that compare versions during a rollout.
+        events
+            .m
+            .build_info
+            .get_or_create(&[("version", crate::VERSION), ("commit", crate::COMMIT)])
+            .set(1);
         // These series exist from the start, at zero, so a rate or an alert
         // over them is never empty.
         for reason in ["overloaded", "timeout", "database"] {
@@ -432,11 +439,37 @@ impl Telemetry {
     /// The service is built: database connected, listener bound.
     pub fn starting(&self, database: &str, backend: &str, broker: &str, prefix: &str) {
         tracing::info!(
+            version = crate::VERSION,
+            commit = crate::COMMIT,
             database,
             backend,
             broker,
             prefix,
-            "order-timeout ready to start"
+            "order-timeout {} ready to start",
+            crate::LONG_VERSION
+        );
+    }
+
+    /// Another instance holds the migration lock: this one waits for its
+    /// migration to end (then finds nothing pending), at most `wait`. No
+    /// `self`: it happens before the application's telemetry exists.
+    pub fn migration_waiting(holder: &str, wait: Duration) {
+        tracing::info!(
+            holder,
+            wait_s = wait.as_secs(),
+            "waiting for another instance's migration to finish (the migration lock is {holder})"
+        );
+    }
+
+    /// The database records migrations of a newer release (a rolling
+    /// upgrade under way): this version migrates nothing and runs on that
+    /// schema, which the newer release keeps compatible. No `self`, like
+    /// [`Telemetry::migration_waiting`].
+    pub fn schema_newer(unknown: &[String]) {
+        tracing::warn!(
+            unknown = unknown.join(", "),
+            "the database was migrated by a newer release (migrations this version does not know); \
+             running on its schema without migrating, as a rolling upgrade allows"
         );
     }
 

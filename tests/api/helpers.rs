@@ -517,6 +517,37 @@ fn init_logs() {
 }
 
 pub async fn spawn_app(opts: Spawn) -> TestApp {
+    let fresh = fresh(opts).await;
+    start(fresh.env, fresh.vhost, fresh.amqp_url, Some(fresh.cleanup)).await
+}
+
+/// A fresh vhost and an empty database (removed when it drops), and the
+/// settings a service would run on there, with nothing started: for tests
+/// that start `serve` children themselves on a database nobody migrated.
+pub struct Fresh {
+    /// The settings environment, as [`spawn_app`] would start the service with.
+    pub env: HashMap<String, String>,
+    pub vhost: String,
+    pub amqp_url: String,
+    /// A client of the service's API with the admin token of `env`.
+    pub http: reqwest::Client,
+    cleanup: Cleanup,
+}
+
+impl Fresh {
+    /// The `database.url` of `env`.
+    pub fn database_url(&self) -> &str {
+        &self.env["ORDER_TIMEOUT__DATABASE__URL"]
+    }
+
+    /// The API of a `serve` child started on these settings.
+    pub fn api(&self, child: &Process) -> Api {
+        Api::new(self.http.clone(), child.base())
+    }
+}
+
+/// A fresh vhost and database with their settings, nothing started ([`Fresh`]).
+pub async fn fresh(opts: Spawn) -> Fresh {
     init_logs();
     let vhost_guard = match opts.vhost {
         Some(v) => v,
@@ -574,7 +605,17 @@ pub async fn spawn_app(opts: Spawn) -> TestApp {
     for (k, v) in opts.env {
         env.insert(k.to_string(), v);
     }
-    start(env, vhost, amqp_url, Some(cleanup)).await
+    let token = env
+        .get("ORDER_TIMEOUT__HTTP__ADMIN_TOKENS")
+        .and_then(|tokens| tokens.split(',').map(str::trim).find(|t| !t.is_empty()));
+    let http = api_client(token);
+    Fresh {
+        env,
+        vhost,
+        amqp_url,
+        http,
+        cleanup,
+    }
 }
 
 /// A fresh random bearer token, `<what>-` and 32 hex digits.

@@ -83,6 +83,7 @@ mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused 
 mod mapped_indexes; // a shop's table in production: the index each kind needs, doctor's advice, the plans
 mod mapped_roles; // least privilege on a shop's database: column rights on the mapped columns
 mod metrics; // every documented metric after a timeout cycle
+mod migrations; // instances starting at once on an empty database take turns migrating; --version
 mod native; // the native stage (RabbitMQ 4.3+): mode switches, held timers counted, restarts
 mod openapi; // the OpenAPI document matches what the API does
 mod outages; // the broker and the database go away and come back
@@ -94,4 +95,5 @@ mod shared_pauses; // pauses kept in the database: across restarts and instances
 mod stages; // the delay stages on the real plugin, TTL and quorum queues
 mod tls; // amqps:// end to end
 mod topology; // definitions, quorum queues, rabbitmq.conf
+mod upgrade; // the previous release and this one side by side (make test-upgrade)
 mod zones; // a mapped shop's time zone, and deadlines stored in whole seconds

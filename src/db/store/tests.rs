@@ -12,7 +12,12 @@ async fn db() -> DatabaseConnection {
     // An in-memory database exists once per connection.
     options.max_connections(1).sqlx_logging(false);
     let db = sea_orm::Database::connect(options).await.unwrap();
-    crate::db::migrate(&db).await.unwrap();
+    crate::db::migrate(
+        &db,
+        crate::db::MigrationLock::quiet(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
     db
 }
 
@@ -658,7 +663,12 @@ impl Scratch {
         let mut options = sea_orm::ConnectOptions::new(format!("{base}/{name}"));
         options.max_connections(8).sqlx_logging(false);
         let db = sea_orm::Database::connect(options).await.unwrap();
-        crate::db::migrate(&db).await.unwrap();
+        crate::db::migrate(
+            &db,
+            crate::db::MigrationLock::quiet(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
         Self { db, admin, name }
     }
 
