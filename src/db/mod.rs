@@ -6,8 +6,8 @@
 pub mod clock;
 pub mod entities;
 pub mod events;
-pub mod pauses;
 pub mod migrate;
+pub mod pauses;
 pub mod store;
 
 use std::time::Duration;
