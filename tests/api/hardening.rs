@@ -182,12 +182,17 @@ where
         rest.push(app.order(&[("A", 1)], "2s").await);
     }
     refuse(refused.clone()).await;
-    // Deadlines past: the sweeper (off here) plays no part.
+    // Deadlines past: the sweeper (off here) plays no part. The others are
+    // cancelled never early and within seconds, not the usual second: each
+    // batch the refused delivery is in is refused whole first, then halved
+    // down to it (a rollback a round), and it comes back up to three times,
+    // each time in a batch with the deliveries that arrived meanwhile; on
+    // two busy cores that has taken 1.7 s.
     for id in &rest {
         let order = app
             .wait_status(id, "cancelled", Duration::from_secs(30))
             .await;
-        assert_on_time(&order, "cancelled_at", "pay_deadline");
+        assert_on_time_within(&order, "cancelled_at", "pay_deadline", 5_000);
     }
     let parked = wait_until(
         Duration::from_secs(30),

@@ -1235,10 +1235,16 @@ pub fn contract_properties(headers: FieldTable) -> BasicProperties {
 
 /// The transition recorded in `done` came at or after `deadline`, by less than a second.
 pub fn assert_on_time(order: &Value, done: &str, deadline: &str) {
+    assert_on_time_within(order, done, deadline, 1000);
+}
+
+/// The transition recorded in `done` came at or after `deadline`, by less
+/// than `limit_ms`.
+pub fn assert_on_time_within(order: &Value, done: &str, deadline: &str, limit_ms: i64) {
     let lateness = ms(order, done) - ms(order, deadline);
     assert!(
-        (0..1000).contains(&lateness),
-        "{done} is {lateness} ms after {deadline}: {order}"
+        (0..limit_ms).contains(&lateness),
+        "{done} is {lateness} ms after {deadline} (limit {limit_ms} ms): {order}"
     );
 }
 
