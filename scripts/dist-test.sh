@@ -105,7 +105,7 @@ expect "package installed" "$(installed_state)" installed
 
 echo "dist-test: files, owners, modes, user, conffiles"
 expect "binary root:root 0755" "$(owner_mode /usr/bin/order-timeout)" "root:root 755"
-expect "binary reports version $version" "$(/usr/bin/order-timeout --version)" "order-timeout ${version/\~/-}"
+expect "binary reports version $version" "$(/usr/bin/order-timeout --version | cut -d" " -f1-2)" "order-timeout ${version/\~/-}"
 check "binary stripped" stripped /usr/bin/order-timeout
 expect "config root:root 0644" "$(owner_mode /etc/order-timeout/order-timeout.toml)" "root:root 644"
 expect "env file root:$user 0640" "$(owner_mode /etc/order-timeout/order-timeout.env)" "root:$user 640"

@@ -37,7 +37,8 @@ crate_version=$(package_key version)
 [[ -n "$crate_version" ]] || die "no version in Cargo.toml's [package]"
 # A stale binary would ship under the wrong version.
 reported=$("$binary" --version)
-[[ "$reported" == "order-timeout $crate_version" ]] \
+# `--version` is the version, then the commit in parentheses.
+[[ "$reported" == "order-timeout $crate_version" || "$reported" == "order-timeout $crate_version ("* ]] \
     || die "$binary says '$reported', Cargo.toml says $crate_version: rebuild it"
 # Debian sorts 1.0.0~rc.1 before 1.0.0, as semver sorts 1.0.0-rc.1.
 version=${crate_version/-/\~}

@@ -57,7 +57,8 @@ version=$(package_key version)
 [[ -n "$version" ]] || die "no version in Cargo.toml's [package]"
 # A stale binary would ship under the wrong tag.
 reported=$("$binary" --version)
-[[ "$reported" == "order-timeout $version" ]] \
+# `--version` is the version, then the commit in parentheses.
+[[ "$reported" == "order-timeout $version" || "$reported" == "order-timeout $version ("* ]] \
     || die "$binary says '$reported', Cargo.toml says $version: rebuild it"
 license=$(package_key license)
 [[ -n "$license" ]] || license=$(workspace_key license)
