@@ -20,26 +20,9 @@ die() { echo "dist: $*" >&2; exit 1; }
 [[ -x "$binary" ]] || die "no binary at $binary (cargo build --release first)"
 [[ -f "$config" ]] || die "$config is missing: the package installs it as /etc/order-timeout/order-timeout.toml"
 
-# The [package] section's own keys (the workspace's are inherited, not repeated).
-package_key() {
-    awk -v key="$1" '
-        /^\[/ { in_package = ($0 == "[package]") }
-        in_package && $1 == key && $2 == "=" { sub(/^[^=]*= *"/, ""); sub(/".*$/, ""); print; exit }
-    ' Cargo.toml
-}
-workspace_key() {
-    awk -v key="$1" '
-        /^\[/ { in_section = ($0 == "[workspace.package]") }
-        in_section && $1 == key && $2 == "=" { sub(/^[^=]*= *"/, ""); sub(/".*$/, ""); print; exit }
-    ' Cargo.toml
-}
-crate_version=$(package_key version)
-[[ -n "$crate_version" ]] || die "no version in Cargo.toml's [package]"
-# A stale binary would ship under the wrong version.
-reported=$("$binary" --version)
-# `--version` is the version, then the commit in parentheses.
-[[ "$reported" == "order-timeout $crate_version" || "$reported" == "order-timeout $crate_version ("* ]] \
-    || die "$binary says '$reported', Cargo.toml says $crate_version: rebuild it"
+# shellcheck source=scripts/cargo-package.sh
+source "$(dirname "$0")/cargo-package.sh"
+crate_version=$(checked_version "$binary")
 # Debian sorts 1.0.0~rc.1 before 1.0.0, as semver sorts 1.0.0-rc.1.
 version=${crate_version/-/\~}
 license=$(package_key license)

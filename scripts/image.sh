@@ -41,25 +41,9 @@ die() { echo "image: $*" >&2; exit 1; }
 [[ -f "$ca_file" ]] || die "$ca_file is missing: install ca-certificates"
 command -v buildah >/dev/null || die "buildah is not installed (make image installs it)"
 
-package_key() {
-    awk -v key="$1" '
-        /^\[/ { in_package = ($0 == "[package]") }
-        in_package && $1 == key && $2 == "=" { sub(/^[^=]*= *"/, ""); sub(/".*$/, ""); print; exit }
-    ' Cargo.toml
-}
-workspace_key() {
-    awk -v key="$1" '
-        /^\[/ { in_section = ($0 == "[workspace.package]") }
-        in_section && $1 == key && $2 == "=" { sub(/^[^=]*= *"/, ""); sub(/".*$/, ""); print; exit }
-    ' Cargo.toml
-}
-version=$(package_key version)
-[[ -n "$version" ]] || die "no version in Cargo.toml's [package]"
-# A stale binary would ship under the wrong tag.
-reported=$("$binary" --version)
-# `--version` is the version, then the commit in parentheses.
-[[ "$reported" == "order-timeout $version" || "$reported" == "order-timeout $version ("* ]] \
-    || die "$binary says '$reported', Cargo.toml says $version: rebuild it"
+# shellcheck source=scripts/cargo-package.sh
+source "$(dirname "$0")/cargo-package.sh"
+version=$(checked_version "$binary")
 license=$(package_key license)
 [[ -n "$license" ]] || license=$(workspace_key license)
 description=$(package_key description)
