@@ -13,7 +13,8 @@
 #   make cluster-stop  stop that cluster and remove its data
 #   make test-cluster  the service on that cluster losing a node mid-run, then the ledger (docs/RELIABILITY.md)
 #   make chaos   minutes of injected faults, then a ledger check (docs/RELIABILITY.md)
-#   make bench   burst, steady load, checkout and the machine's ceiling (docs/BENCHMARKS.md)
+#   make bench   burst, steady load, checkout and the machine's ceiling, and what tracing costs against
+#                TRACING_BASELINE (v0.1.0, built first; empty skips it) (docs/BENCHMARKS.md)
 #   make bench-million  a million pending timers (native where the broker has it, else ttl): memory and scheduling time
 #                On RabbitMQ 4.3 (AMQP on 5677, management on 15677 here), name that broker and the mode:
 #                make bench BENCH_ARGS="--mode native --amqp amqp://guest:guest@127.0.0.1:5677 --management http://guest:guest@127.0.0.1:15677/api"
@@ -26,6 +27,8 @@
 #                containers storage: an OCI image built here from scratch with buildah (docs/deploying.md)
 #   make test-image  that image's contents, then the image under podman against the local broker and PostgreSQL
 #   make test-manifests  the Kubernetes manifests (deploy/kubernetes) against the settings table and the real binary
+#   make test-ui  the operator's page /ui in headless Chromium (Debian's, driven by Playwright) against the release
+#                binary, in ttl and plugin mode; UI_TEST_ARGS="--screenshot docs/images/ui.png" renews the docs' picture
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -36,7 +39,7 @@ PYTHON := $(VENV)/bin/python
 # database pools, and timing-bound tests then fail for want of CPU.
 TEST_THREADS ?= 8
 
-.PHONY: run test test-upgrade test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts image image-tools test-image test-manifests
+.PHONY: run test test-upgrade test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts image image-tools test-image test-manifests browser test-ui
 
 run: broker
 	$(CARGO) run --release -- serve
@@ -75,13 +78,14 @@ test: services examples-deps tools lint
 	bash scripts/readme-example.sh ttl plugin
 	$(MAKE) test-dist
 	$(MAKE) test-manifests test-image
+	$(MAKE) test-ui
 
 # A rolling upgrade: the release UPGRADE_FROM (a tag; a clone without tags
 # finds its commit in packaging/releases) is built in a git worktree under
 # target/upgrade/ sharing target/ (scripts/previous-release.sh), then runs
 # beside this version on one PostgreSQL database and vhost, in ttl and plugin
 # mode, while timers come due (tests/api/upgrade.rs).
-UPGRADE_FROM ?= v0.1.0-rc.1
+UPGRADE_FROM ?= v0.1.0
 test-upgrade: services
 	bash scripts/previous-release.sh $(UPGRADE_FROM)
 	$(call and_forget,ORDER_TIMEOUT_PREVIOUS_BIN=$(abspath target/upgrade/order-timeout-$(subst /,_,$(UPGRADE_FROM))) $(TEST_ENV) \
@@ -115,6 +119,18 @@ test-image: image broker databases
 test-manifests: $(VENV)/.installed broker databases
 	$(CARGO) build --release --locked --workspace
 	$(PYTHON) scripts/manifest-test.py
+
+# The page in a real browser: Debian's Chromium, headless, driven by
+# Playwright from the venv (which never downloads a browser of its own), on a
+# database and vhost of its own per delay mode (scripts/ui-test.py). The
+# screenshot goes to target/ui-test/ unless UI_TEST_ARGS says otherwise.
+UI_TEST_ARGS ?=
+test-ui: $(VENV)/.installed browser broker databases
+	$(CARGO) build --release --locked --workspace
+	$(call and_forget,$(PYTHON) scripts/ui-test.py $(UI_TEST_ARGS),$(FORGET_DELAYED))
+
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq -o DPkg::Lock::Timeout=600 chromium)
 
 # Another broker (RabbitMQ 4.0 or 4.3, say): the core scenarios in every delay
 # mode, the publisher examples, and every native-mode test (`native` in its
@@ -236,8 +252,13 @@ BENCH_ARGS ?=
 chaos: services
 	$(CARGO) test --release --test chaos -- --ignored --nocapture
 
+# The tracing comparison's baseline: the release TRACING_BASELINE, which has
+# no tracing code, built as `make test-upgrade` builds one (empty: none).
+TRACING_BASELINE ?= v0.1.0
 bench:
-	$(CARGO) build --release --workspace && ./target/release/order-timeout-bench $(BENCH_ARGS)
+	$(if $(TRACING_BASELINE),bash scripts/previous-release.sh $(TRACING_BASELINE))
+	$(CARGO) build --release --workspace && ./target/release/order-timeout-bench \
+		$(if $(TRACING_BASELINE),--tracing-baseline target/upgrade/order-timeout-$(subst /,_,$(TRACING_BASELINE))) $(BENCH_ARGS)
 
 bench-million:
 	$(CARGO) build --release --workspace && ./target/release/order-timeout-bench --million $(BENCH_ARGS)

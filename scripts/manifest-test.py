@@ -48,6 +48,8 @@ from pathlib import Path
 
 import yaml
 
+from checks import Checks, Failed
+
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 # Applied on their own, not by `kubectl apply -k` (README.md says when).
@@ -55,26 +57,6 @@ APPLIED_ALONE = {"migrate-job.yaml", "podmonitor.yaml"}
 MGMT = "http://127.0.0.1:15672/api"
 GUEST = "Basic " + base64.b64encode(b"guest:guest").decode()
 POD_NAME = "order-timeout-5d8f7c9b4-x2x7q"
-
-
-class Failed(Exception):
-    """A check that did not hold."""
-
-
-class Checks:
-    """Counts what held; the first that does not ends the run."""
-
-    def __init__(self):
-        self.passed = 0
-
-    def ok(self, what, holds, detail=""):
-        if not holds:
-            raise Failed(f"{what}{': ' + detail if detail else ''}")
-        self.passed += 1
-        print(f"  ok  {what}")
-
-    def eq(self, what, got, expected):
-        self.ok(what, got == expected, f"got {got!r}, expected {expected!r}")
 
 
 def load_manifests():

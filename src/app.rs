@@ -200,6 +200,9 @@ impl Application {
         if closed.is_err() {
             ctx.telemetry.pools_left_open(CLOSE_LIMIT);
         }
+        // The spans of the drain too: what is batched goes to the collector
+        // before the process exits.
+        crate::traces::flush().await;
         ctx.telemetry.stopped();
         Ok(())
     }

@@ -189,7 +189,14 @@ pub async fn apply(
         let attempt = match clock::now(&ctx.db).await {
             Ok(now) => ctx
                 .orders
-                .expire(&ctx.db, kind, &part, now, cause)
+                .expire(
+                    &ctx.db,
+                    kind,
+                    &part,
+                    now,
+                    cause,
+                    &ctx.settings.amqp.instance,
+                )
                 .await
                 .map(|outcomes| (now, outcomes))
                 .map_err(|e| (Some(now), e)),

@@ -57,6 +57,9 @@ pub fn need(template: Option<&str>) -> Need {
         Some(path) if path.starts_with("/admin/") => Need::Scope(Scope::Admin),
         Some("/orders" | "/orders/{id}" | "/orders/{id}/{action}") => Need::Scope(Scope::Checkout),
         Some("/readyz" | "/metrics") => Need::Operations,
+        // The operator's page holds no data: its script calls `/admin/*`
+        // with the token the operator gives it.
+        Some("/ui" | "/ui/app.js" | "/ui/style.css") => Need::Open,
         _ => Need::Open,
     }
 }
@@ -393,6 +396,9 @@ mod tests {
         assert_eq!(need(Some("/metrics")), Need::Operations);
         assert_eq!(need(Some("/healthz")), Need::Open);
         assert_eq!(need(Some("/openapi.json")), Need::Open);
+        assert_eq!(need(Some("/ui")), Need::Open);
+        assert_eq!(need(Some("/ui/app.js")), Need::Open);
+        assert_eq!(need(Some("/admin/overview")), admin);
         assert_eq!(need(None), Need::Open);
     }
 }

@@ -1,7 +1,8 @@
 //! The on-call gauges: every `metrics.gauge_interval`, how many orders wait
 //! for a timeout of each kind, how many of them are overdue by more than
 //! `metrics.overdue_after` (the number that must be zero), and how late the
-//! oldest is. Read from the database, not counted from events, so they hold
+//! oldest is, and how many fall due within the next minute, five and sixty
+//! (`due_next`). Read from the database, not counted from events, so they hold
 //! whatever happened to the messages and whichever instance applies the
 //! timeouts; every instance reads the same numbers.
 
@@ -11,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 use crate::domain::{Millis, TimeoutKind};
+use crate::telemetry::DUE_WINDOWS;
 
 /// Reads the gauges at once, then every interval until shutdown.
 /// A reload reads them at once too, with the new settings.
@@ -39,10 +41,23 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 /// another's.
 pub async fn refresh(ctx: &Context, now: Millis) {
     let overdue_after = ctx.live().metrics.overdue_after;
+    let horizons = DUE_WINDOWS.map(|(_, window)| window);
     let mut backlogs = Vec::new();
+    let mut ahead = Vec::new();
     for kind in TimeoutKind::ALL {
-        match ctx.orders.backlog(&ctx.db, kind, now, overdue_after).await {
-            Ok(Some(backlog)) => backlogs.push((kind, backlog)),
+        let read = async {
+            let backlog = ctx
+                .orders
+                .backlog(&ctx.db, kind, now, overdue_after)
+                .await?;
+            let due = ctx.orders.due_ahead(&ctx.db, kind, now, &horizons).await?;
+            Ok::<_, sea_orm::DbErr>(backlog.zip(due))
+        };
+        match read.await {
+            Ok(Some((backlog, due))) => {
+                backlogs.push((kind, backlog));
+                ahead.push((kind, due));
+            }
             Ok(None) => {}
             Err(e) => {
                 ctx.telemetry.backlog_unreadable(&e.to_string());
@@ -50,5 +65,5 @@ pub async fn refresh(ctx: &Context, now: Millis) {
             }
         }
     }
-    ctx.telemetry.backlog_read(&backlogs);
+    ctx.telemetry.backlog_read(&backlogs, &ahead);
 }

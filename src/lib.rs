@@ -11,6 +11,7 @@
 //! - [`db`]: the connection, entities, and every transaction by family ([`db::store`]);
 //! - [`orders`]: whose orders the timeouts act on: the service's own, or a shop's mapped table;
 //! - [`logs`]: log output, and its level changed while running;
+//! - [`traces`]: OpenTelemetry spans, and their context carried in message headers and outbox rows;
 //! - [`telemetry`]: what operators are told: every event logged and counted in one place, and the metrics table;
 //! - [`control`]: which roles are paused (pause and resume while running);
 //! - [`reload`]: reading the settings again while running, and what applies;
@@ -23,7 +24,7 @@
 //! - [`gauges`]: the on-call gauges of pending and overdue orders, read from the database;
 //! - [`retention`]: the audit trail of a mapped table, deleted in bounded batches past `audit.retention`;
 //! - [`auth`]: bearer tokens, their scopes, and what each route needs;
-//! - [`http`]: the JSON API and its OpenAPI document;
+//! - [`http`]: the JSON API, its OpenAPI document, and the operator's page `/ui`;
 //! - [`server`]: serving the API with timeouts and caps;
 //! - [`app`]: build and run every component, and shut them down;
 //! - [`commands`]: the command line and the subcommands around the service (`doctor`, `demo`, `ctl`).
@@ -54,6 +55,7 @@ pub(crate) mod server;
 pub mod settings;
 pub mod sweeper;
 pub(crate) mod telemetry;
+pub mod traces;
 
 /// The release this binary is (Cargo.toml's version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

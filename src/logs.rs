@@ -5,48 +5,68 @@
 use std::io::Write;
 use std::sync::OnceLock;
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
 
-use crate::settings::{LogFormat, LogSettings};
+use crate::settings::{LogFormat, LogSettings, TracingSettings};
 
-/// Installs the global subscriber. Called once, from `main`. With
+/// Installs the global subscriber. Called once, from `main`, inside the
+/// tokio runtime when `traces` is on (the exporter is a task of it). With
 /// `beside_progress_line` (the demo on a terminal) each record first clears
 /// the terminal's current line, so a log line never lands in the middle of a
 /// progress line drawn on stdout; the next progress update draws it again.
-pub fn init(settings: &LogSettings, beside_progress_line: bool) {
+///
+/// The log filter applies to the log lines alone: the spans exported when
+/// `tracing.otlp_endpoint` is set ([`crate::traces`]) do not depend on
+/// `log.level`.
+pub fn init(
+    settings: &LogSettings,
+    traces: &TracingSettings,
+    beside_progress_line: bool,
+) -> anyhow::Result<()> {
     let from_env = EnvFilter::try_from_default_env().ok();
     let overridden = from_env.is_some();
     let filter = from_env.unwrap_or_else(|| EnvFilter::new(&settings.level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(move || {
-            let mut stderr = std::io::stderr();
-            if beside_progress_line {
-                // Carriage return, then erase the line (ANSI EL 2).
-                let _ = stderr.write_all(b"\r\x1b[2K");
-            }
-            stderr
-        });
-    // `try_init`: a second call (tests) keeps the first subscriber.
-    let installed = match settings.format {
-        LogFormat::Pretty => {
-            let builder = builder.with_filter_reloading();
-            let handle = builder.reload_handle();
-            builder.try_init().map(|()| setter(handle))
+    let (filter, handle) = reload::Layer::new(filter);
+    let lines = tracing_subscriber::fmt::layer().with_writer(move || {
+        let mut stderr = std::io::stderr();
+        if beside_progress_line {
+            // Carriage return, then erase the line (ANSI EL 2).
+            let _ = stderr.write_all(b"\r\x1b[2K");
         }
-        LogFormat::Json => {
-            let builder = builder
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_filter_reloading();
-            let handle = builder.reload_handle();
-            builder.try_init().map(|()| setter(handle))
-        }
+        stderr
+    });
+    let lines: Box<dyn Layer<Registry> + Send + Sync> = match settings.format {
+        LogFormat::Pretty => lines.with_filter(filter).boxed(),
+        LogFormat::Json => lines
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_filter(filter)
+            .boxed(),
     };
-    if let Ok(reload) = installed {
-        let _ = LEVEL.set(Level { reload, overridden });
+    let exported = crate::traces::layer::<Registry>(traces).map_err(|e| {
+        anyhow::anyhow!(
+            "tracing.otlp_endpoint: cannot set up the OTLP exporter for {}: {e}",
+            traces.otlp_endpoint
+        )
+    })?;
+    let mut layers = vec![lines];
+    layers.extend(exported);
+    // `try_init`: a second call (tests) keeps the first subscriber.
+    if tracing_subscriber::registry()
+        .with(layers)
+        .try_init()
+        .is_ok()
+    {
+        let _ = LEVEL.set(Level {
+            reload: setter(handle),
+            overridden,
+        });
     }
+    Ok(())
 }
 
 /// Replaces the installed subscriber's filter; false if the subscriber is gone.

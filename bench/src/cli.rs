@@ -56,6 +56,26 @@ pub struct BenchArgs {
     /// PostgreSQL admin URL; the bench creates and drops `ot_bench_<random>` there.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
     pub postgres_admin: String,
+    /// After the main run, the same burst of this many orders (no steady
+    /// load) on the service with tracing off, then on and exporting to a
+    /// sink the bench runs (first on `--tracing-baseline` when given); the
+    /// figures go into the JSON's `tracing`. 0 skips it.
+    #[arg(long, default_value_t = 5_000)]
+    pub tracing_burst: usize,
+    /// The service built without tracing at all (an earlier release's
+    /// binary, as `make bench` builds with scripts/previous-release.sh): the
+    /// tracing comparison runs its burst on it too, the baseline that
+    /// tracing off is measured against.
+    #[arg(long, value_name = "BIN")]
+    pub tracing_baseline: Option<PathBuf>,
+    /// How many times the tracing comparison runs each of its bursts, in
+    /// turn (baseline, off, on, then again); each figure is the median.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub tracing_rounds: u32,
+    /// The service binary under test (default: `ORDER_TIMEOUT_BIN`, else
+    /// `order-timeout` beside the bench's own binary).
+    #[arg(long, value_name = "BIN")]
+    pub service_bin: Option<PathBuf>,
     /// `log.level` of the service under test (default: its own setting).
     #[arg(long)]
     pub service_log_level: Option<String>,

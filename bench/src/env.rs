@@ -186,15 +186,20 @@ pub fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Service {
-    /// Starts `order-timeout serve` with `env` added to our environment, its
-    /// output in `log`.
+    /// Starts `order-timeout serve` (`binary`, else [`service_binary`]) with
+    /// `env` added to our environment, its output in `log`.
     pub fn start(
+        binary: Option<&Path>,
         config: Option<&Path>,
         env: &[(String, String)],
         port: u16,
         log: PathBuf,
     ) -> anyhow::Result<Self> {
-        let mut serve = Serve::new(service_binary()?)
+        let binary = match binary {
+            Some(path) => path.to_path_buf(),
+            None => service_binary()?,
+        };
+        let mut serve = Serve::new(binary)
             .envs(env.iter().cloned())
             .port(port)
             .log(&log);

@@ -17,8 +17,11 @@
 //!    poller in the bench (every 1 s, batches of 1,000, like a cron job),
 //!    measured and checked the same way; then the ceiling: a raw consume-and-ack
 //!    of a plain durable queue, and a raw batched conditional UPDATE, on the
-//!    same broker and database; then the table (ours beside the poller's), and
-//!    JSON in `target/bench/latest.json`.
+//!    same broker and database; then the table (ours beside the poller's);
+//! 5. the same burst (`--tracing-burst`, no steady load) on fresh vhosts and
+//!    databases, the service with tracing off, then on and exporting to a
+//!    sink of the bench's: both figures side by side; and the JSON in
+//!    `target/bench/latest.json`.
 //!
 //! `--million` is a different scenario: see [`million`].
 //!
@@ -38,6 +41,7 @@
 //! - [`ceiling`]: the machine's ceiling for the same work, without the service;
 //! - [`report`]: the scenario's JSON and the table printed from it;
 //! - [`million`]: the `--million` scenario;
+//! - [`tracing_cost`]: the same burst with tracing off and on, side by side;
 //! - [`sql`]: raw reads on the bench's own database connection.
 
 mod analysis;
@@ -55,6 +59,7 @@ mod report;
 mod run;
 mod sql;
 mod timeouts;
+mod tracing_cost;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::cli::{BenchArgs, BenchDb, BenchMode};
 use crate::ctx::RunCtx;
 use crate::env::{self, BenchDatabase, Management, Resources, Service};
-use crate::{million, timeouts};
+use crate::{million, timeouts, tracing_cost};
 use order_timeout::amqp::topology::{Mode, Names};
 use order_timeout::amqp::{choose_mode, probe};
 use order_timeout::settings::{AmqpSettings, DelayMode, Secret, Settings, redact_url};
@@ -37,10 +37,24 @@ pub async fn run(
         ..Default::default()
     };
     let outcome = tokio::select! {
-        r = setup_and_run(&mut res, &settings, config.as_deref(), &args, &broker) => r,
+        r = setup_and_run(&mut res, &settings, config.as_deref(), &args, &broker, &[]) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     res.cleanup().await;
+    // What tracing costs: the same burst with it off and on, after the main run.
+    let outcome = match outcome {
+        Ok(Some(mut report)) if !args.million && args.tracing_burst > 0 => {
+            let compared = tokio::select! {
+                r = tracing_cost::compare(&settings, config.as_deref(), &args, &broker) => r,
+                _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            };
+            compared.map(|tracing| {
+                report["tracing"] = tracing;
+                Some(report)
+            })
+        }
+        other => other,
+    };
     match outcome {
         Ok(Some(report)) => {
             write_report(&args.out, &report)?;
@@ -136,12 +150,13 @@ fn write_report(out: &Path, report: &Value) -> anyhow::Result<()> {
 
 /// Creates the vhost, chooses the mode on it, creates the database and the
 /// child, then runs the chosen scenario; `None` when the mode is skipped.
-async fn setup_and_run(
+pub(crate) async fn setup_and_run(
     res: &mut Resources,
     settings: &Settings,
     config: Option<&Path>,
     args: &BenchArgs,
     broker: &url::Url,
+    extra_env: &[(String, String)],
 ) -> anyhow::Result<Option<Value>> {
     let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let vhost = format!("ot-bench-{tag}");
@@ -193,6 +208,7 @@ async fn setup_and_run(
         management_url: args.management.clone(),
         mode,
         tag: &tag,
+        extra: extra_env,
     };
     let http = start_service(res, settings, config, args, &child).await?;
     let db = res.database.as_ref().context("database")?.connect().await?;
@@ -250,6 +266,8 @@ struct ChildEnv<'a> {
     mode: Mode,
     /// The run's random tag (its instance name).
     tag: &'a str,
+    /// Settings of this run only, last (the tracing comparison's).
+    extra: &'a [(String, String)],
 }
 
 impl ChildEnv<'_> {
@@ -300,7 +318,10 @@ impl ChildEnv<'_> {
         if let Some(level) = &args.service_log_level {
             vars.push(("ORDER_TIMEOUT__LOG__LEVEL", level.clone()));
         }
-        vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        vars.into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .chain(self.extra.iter().cloned())
+            .collect()
     }
 }
 
@@ -320,9 +341,13 @@ async fn start_service(
         .unwrap_or(Path::new("."))
         .join("service.log");
     let http = api_client(&child.token, args.clients)?;
-    let service = res
-        .service
-        .insert(Service::start(config, &service_env, child.port, log)?);
+    let service = res.service.insert(Service::start(
+        args.service_bin.as_deref(),
+        config,
+        &service_env,
+        child.port,
+        log,
+    )?);
     println!(
         "bench: service under test pid {} on {} (log {})",
         service.pid(),

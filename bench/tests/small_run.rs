@@ -25,9 +25,15 @@ fn small_bench_on_sqlite_writes_valid_json() {
             "16",
             "--skus",
             "8",
+            "--tracing-burst",
+            "200",
             "--out",
         ])
         .arg(&out)
+        // The baseline of the tracing comparison: here the same binary (a
+        // real run names an earlier release's), for the mechanics.
+        .arg("--tracing-baseline")
+        .arg(service_binary())
         .output()
         .expect("the binary runs");
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -109,7 +115,46 @@ fn small_bench_on_sqlite_writes_valid_json() {
         "{report}"
     );
     check_baseline(&report, &stdout);
+    check_tracing(&report, &stdout);
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// The same burst of 200 on the baseline, with tracing off and on: the
+/// figures of each, and the spans the bench's sink received from the traced
+/// run (at least a checkout and a publish per order).
+fn check_tracing(report: &serde_json::Value, stdout: &str) {
+    let t = &report["tracing"];
+    assert_eq!(t["burst"], 200, "{report}");
+    for run in ["baseline", "off", "on"] {
+        assert_eq!(t["runs"][run].as_array().map(Vec::len), Some(1), "{report}");
+        // (CPU per cancel may be unmeasurable at this size: null then.)
+        for key in ["checkout_per_s", "burst_cancels_per_s", "service_cpu_s"] {
+            assert!(t[run][key].as_f64().unwrap() > 0.0, "{run}.{key}: {report}");
+        }
+        assert!(
+            t[run]["burst_lateness_p99_ms"].as_i64().unwrap() >= 0,
+            "{report}"
+        );
+    }
+    for ratio in ["on_over_off", "off_over_baseline"] {
+        assert!(
+            t[ratio]["checkout_per_s"].as_f64().unwrap() > 0.0,
+            "{ratio}: {report}"
+        );
+    }
+    assert!(t["sink"]["spans"].as_u64().unwrap() >= 400, "{report}");
+    assert!(
+        t["sink"]["export_requests"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
+    assert!(stdout.contains("bench: tracing on"), "{stdout}");
+    assert!(stdout.contains("bench: tracing baseline"), "{stdout}");
+}
+
+/// The service binary `cargo test --workspace` builds beside the bench.
+fn service_binary() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_BIN_EXE_order-timeout-bench"))
+        .with_file_name(format!("order-timeout{}", std::env::consts::EXE_SUFFIX))
 }
 
 /// The same burst (200 orders, one in ten paid) through the bench's plain
@@ -180,7 +225,7 @@ fn native_run(args: &[&str]) -> Option<serde_json::Value> {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("latest.json");
     let run = Command::new(env!("CARGO_BIN_EXE_order-timeout-bench"))
-        .args(["--db", "sqlite", "--mode", "native"])
+        .args(["--db", "sqlite", "--mode", "native", "--tracing-burst", "0"])
         .args(args)
         .args(test_broker())
         .arg("--out")

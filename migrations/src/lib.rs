@@ -27,6 +27,10 @@ mod m20261215_000001_create_event_outbox;
 mod m20261215_000002_create_audit;
 mod m20261215_000003_index_audit_time;
 mod m20261216_000001_create_pauses;
+mod m20261217_000001_add_event_lateness;
+mod m20261217_000002_add_audit_lateness;
+mod m20261220_000001_add_event_trace_context;
+mod m20261220_000007_add_outbox_trace_context;
 
 /// All migrations of the service, oldest first.
 pub struct Migrator;
@@ -41,6 +45,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000004_create_idempotency_keys::Migration),
             Box::new(m20261201_000005_add_outbox_claims::Migration),
             Box::new(m20261202_000006_scope_idempotency_keys::Migration),
+            Box::new(m20261217_000001_add_event_lateness::Migration),
+            Box::new(m20261220_000007_add_outbox_trace_context::Migration),
         ]
     }
 }
@@ -60,6 +66,8 @@ impl MigratorTrait for Bookkeeping {
             Box::new(m20261215_000002_create_audit::Migration),
             Box::new(m20261215_000003_index_audit_time::Migration),
             Box::new(m20261216_000001_create_pauses::Migration),
+            Box::new(m20261217_000002_add_audit_lateness::Migration),
+            Box::new(m20261220_000001_add_event_trace_context::Migration),
         ]
     }
 

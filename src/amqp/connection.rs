@@ -12,6 +12,19 @@ use super::Error;
 pub use crate::backoff::{Backoff, pause};
 use crate::settings::{AmqpSettings, redact_url};
 
+/// How long closing a connection or a channel may take. lapin completes a
+/// close when the broker answers it, and a connection whose socket has just
+/// failed (a broker restart) may not have told its waiters yet: that close
+/// would wait for ever, and its role with it. The outcome of a close is never
+/// needed, so every close is bounded.
+const CLOSE_WITHIN: Duration = Duration::from_secs(2);
+
+/// Waits for `close` (of a connection, a channel or a link) at most
+/// [`CLOSE_WITHIN`].
+pub async fn close_within<T>(close: impl std::future::Future<Output = T>) {
+    let _ = tokio::time::timeout(CLOSE_WITHIN, close).await;
+}
+
 /// What an event of a role's own connection means to the role listening for
 /// it: the connection's error or end stop the role (its supervisor
 /// reconnects); a block by a resource alarm goes to `blocked`; the rest is

@@ -36,6 +36,7 @@ use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
 
 use super::catch_up::CatchUp;
+use super::connection::close_within;
 use super::disposition::{Disposition, admit, decide};
 use super::topology::{Mode, delay_route, into_stage};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
@@ -45,6 +46,7 @@ use crate::context::Context;
 use crate::control::Pausable;
 use crate::domain::{Millis, OrderKey, TimeoutKind};
 use crate::orders::{Cause, ExpiryOutcome};
+use crate::traces;
 
 /// A batch that starts this soon after the previous one is part of a flow, and
 /// may wait `consumer.batch_wait` to fill even when it holds one delivery.
@@ -93,7 +95,7 @@ async fn sleep_until_some(at: Option<Instant>) {
 async fn shutdown_siblings(conn: &Connection) {
     // Closing the connection makes the sibling consumers' streams end with an
     // error; their unacked deliveries go back to the queue.
-    let _ = conn.close(320, "consumer failed".into()).await;
+    close_within(conn.close(320, "consumer failed".into())).await;
 }
 
 struct KindConsumer {
@@ -236,8 +238,8 @@ impl KindConsumer {
         if let Ok(Ended::Paused) = result {
             // Closing the channel gives back what the broker had pushed and
             // this consumer had not taken: all of it waits in the queue.
-            let _ = self.channel.close(200, "paused".into()).await;
-            let _ = self.publish.close(200, "paused".into()).await;
+            close_within(self.channel.close(200, "paused".into())).await;
+            close_within(self.publish.close(200, "paused".into())).await;
             self.ctx.telemetry.consumption_stopped(role, &queue, held);
         }
         result
@@ -357,15 +359,48 @@ impl KindConsumer {
         // database away: nothing is acked, and no new delivery taken, until
         // it answers again.
         let on_refusal = OnRefusal::Persist(shutdown);
-        let Some(decided) = apply(&self.ctx, self.kind, ids, Cause::Timeout, on_refusal).await
-        else {
+        let (spans, contexts) = self.apply_spans(&valid);
+        let applying = apply(&self.ctx, self.kind, ids, Cause::Timeout, on_refusal);
+        let Some(decided) = traces::with_orders(contexts, applying).await else {
             // Shutting down mid-outage: leave them unacked for redelivery.
             return Ok(());
         };
-        if self.settle(valid, decided).await? && self.ctx.settings.consumer.catch_up {
+        if self.settle(valid, decided, &spans).await? && self.ctx.settings.consumer.catch_up {
             self.catch_up.run(&self.ctx).await;
         }
         Ok(())
+    }
+
+    /// With traces on, a `consumer.apply` span per delivery, a child of its
+    /// `traceparent`, by delivery tag; and each span's context by order id,
+    /// which the domain event of its transition keeps. Empty when off.
+    fn apply_spans(
+        &self,
+        valid: &[(Delivery, TimeoutMessage)],
+    ) -> (HashMap<u64, tracing::Span>, HashMap<String, String>) {
+        let mut spans = HashMap::new();
+        let mut contexts = HashMap::new();
+        if !traces::enabled() {
+            return (spans, contexts);
+        }
+        for (delivery, message) in valid {
+            let order_id = message.order_id.to_string();
+            let span = traces::span!(
+                "consumer.apply",
+                otel.kind = "consumer",
+                order.id = order_id.as_str(),
+                timeout.kind = self.kind.as_str(),
+                timeout.cause = Cause::Timeout.as_str(),
+                timeout.outcome = tracing::field::Empty,
+                timeout.lateness_ms = tracing::field::Empty,
+            );
+            traces::follow_headers(&span, delivery.properties.headers().as_ref());
+            if let Some(context) = traces::stored(&span) {
+                contexts.insert(order_id, context);
+            }
+            spans.insert(delivery.delivery_tag, span);
+        }
+        (spans, contexts)
     }
 
     /// Acks, holds, re-delays or parks each delivery as the database decided.
@@ -375,6 +410,7 @@ impl KindConsumer {
         &mut self,
         valid: Vec<(Delivery, TimeoutMessage)>,
         decided: Decided,
+        spans: &HashMap<u64, tracing::Span>,
     ) -> Result<bool, Error> {
         let hold_max = self.ctx.live().consumer.hold_max;
         let mut passing = false;
@@ -408,6 +444,9 @@ impl KindConsumer {
                 },
                 (None, None) => decide(ExpiryOutcome::NotFound, Millis::now(), hold_max, true),
             };
+            if let Some(span) = spans.get(&delivery.delivery_tag) {
+                traces::record_disposition(span, &action);
+            }
             match action {
                 Disposition::Applied { lateness_ms } => {
                     passing = true;
@@ -431,7 +470,8 @@ impl KindConsumer {
                     self.held_keys.insert(tag, key);
                 }
                 Disposition::Redelay(wait) => {
-                    self.redelay(&delivery, &message, wait).await?;
+                    let span = spans.get(&delivery.delivery_tag);
+                    self.redelay(&delivery, &message, wait, span).await?;
                     delivery.acker.ack(Default::default()).await?;
                     self.ctx.telemetry.timeout_early(self.kind, id, wait, false);
                 }
@@ -480,6 +520,7 @@ impl KindConsumer {
         delivery: &Delivery,
         message: &TimeoutMessage,
         wait: Duration,
+        span: Option<&tracing::Span>,
     ) -> Result<(), Error> {
         let headers = delivery.properties.headers().as_ref();
         let count = match wire::header_int(headers, wire::X_REDELAYS) {
@@ -505,7 +546,13 @@ impl KindConsumer {
             &exchange,
             &routing_key,
             &wire::encode(message),
-            into_stage(self.mode, properties, delay_ms),
+            // The trace goes on from this attempt's span (traces on).
+            match span {
+                Some(span) => {
+                    traces::into_headers(span, into_stage(self.mode, properties, delay_ms))
+                }
+                None => into_stage(self.mode, properties, delay_ms),
+            },
         )
         .await
     }

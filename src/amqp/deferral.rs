@@ -37,6 +37,7 @@ use lapin::{Connection, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
+use super::connection::close_within;
 use super::topology::{Mode, Names, X_DELIVERY_TIME};
 use crate::context::Context;
 use crate::domain::Millis;
@@ -45,8 +46,10 @@ use crate::settings::AmqpSettings;
 /// How many timers the broker may send ahead of the deferrer's settling them.
 const CREDIT: u32 = 1000;
 
-/// How long closing the AMQP 1.0 link, session and connection may take.
-const CLOSE_WITHIN: Duration = Duration::from_secs(2);
+/// The AMQP 1.0 connection's idle time-out: the broker sends a frame at
+/// least every half of it, and a connection silent for longer is taken as
+/// lost (as lapin's heartbeat does on AMQP 0-9-1, RabbitMQ's 60 s).
+const IDLE_TIME_OUT_MS: u32 = 60_000;
 
 /// Annotation counting how many times the deferrer held a timer: one that
 /// comes back with it set, before its time by this host's clock, was let go
@@ -149,6 +152,7 @@ pub async fn open(
         Amqp10::builder()
             .container_id(name)
             .hostname(hostname.as_str())
+            .idle_time_out(IDLE_TIME_OUT_MS)
             .scheme("amqp")
             .sasl_profile(SaslProfile::Plain {
                 username: uri.authority.userinfo.username.clone(),
@@ -290,7 +294,7 @@ pub async fn run(
     let name = super::connection_name(&ctx.settings.amqp, "deferrer");
     let mut connection = open_any(&ctx.settings.amqp, node.as_deref(), &name).await?;
     let result = session(&ctx, &mut connection, &mut events, &shutdown).await;
-    let _ = tokio::time::timeout(CLOSE_WITHIN, connection.close()).await;
+    close_within(connection.close()).await;
     result
 }
 
@@ -351,7 +355,7 @@ async fn session(
     };
     // Bounded: on a connection the broker has dropped, a detach or an end
     // would wait for an answer that never comes.
-    let _ = tokio::time::timeout(CLOSE_WITHIN, async {
+    close_within(async {
         let _ = receiver.close().await;
         let _ = session.end().await;
     })
@@ -456,7 +460,7 @@ async fn try_deferral(
         Ok(())
     }
     .await;
-    let _ = connection.close().await;
+    close_within(connection.close()).await;
     result
 }
 

@@ -42,6 +42,79 @@ pub enum Error {
     /// The exchange exists but the broker reports no `messages_delayed` for it.
     #[error("the broker reports no messages_delayed for exchange '{0}'")]
     NotReported(String),
+    /// The queue cannot be read without changing it.
+    #[error("{0}")]
+    NotReadable(String),
+}
+
+/// Most bytes of a message's body [`Management::peek`] reads: enough for any
+/// timeout of the wire contract, whose `order_id` comes early; a longer
+/// body is cut, and its id looked for in what was read.
+const PEEK_BYTES: u64 = 4096;
+
+/// What [`Management::peek`] read of a queue.
+#[derive(Debug, Clone, Default)]
+pub struct Peeked {
+    /// The messages read, head first.
+    pub messages: Vec<Peek>,
+    /// How many the queue held, by the broker's statistics (a few seconds old).
+    pub in_queue: u64,
+    /// Whether every message ready in the queue was read.
+    pub complete: bool,
+}
+
+/// One message read from a queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peek {
+    /// The routing key it was published to the queue with.
+    pub routing_key: String,
+    /// Its headers (the management API's JSON of the AMQP table).
+    pub headers: Value,
+    /// Its body as text, cut at [`PEEK_BYTES`]; `None` when it is not UTF-8.
+    pub body: Option<String>,
+}
+
+impl Peek {
+    /// A message of the management API's get answer.
+    fn of(m: &Value) -> Self {
+        let body = (m["payload_encoding"].as_str() == Some("string"))
+            .then(|| m["payload"].as_str().map(str::to_string))
+            .flatten();
+        Self {
+            routing_key: m["routing_key"].as_str().unwrap_or_default().to_string(),
+            headers: m["properties"]["headers"].clone(),
+            body,
+        }
+    }
+
+    /// A text header.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)?.as_str()
+    }
+
+    /// The `order_id` of its body, when the body is the contract's JSON, or
+    /// its start (cut, or followed by garbage) is: a string, or a number as
+    /// written.
+    pub fn order_id(&self) -> Option<String> {
+        let body = self.body.as_deref()?;
+        let at = body.find("\"order_id\"")? + "\"order_id\"".len();
+        let rest = body[at..].trim_start().strip_prefix(':')?;
+        let value = serde_json::Deserializer::from_str(rest)
+            .into_iter::<Value>()
+            .next()?
+            .ok()?;
+        match value {
+            Value::String(s) => Some(s),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+
+    /// The `kind` of its body, when it names one.
+    pub fn body_kind(&self) -> Option<String> {
+        let body: Value = serde_json::from_str(self.body.as_deref()?).ok()?;
+        body["kind"].as_str().map(str::to_string)
+    }
 }
 
 /// A client of one broker's management API, for one vhost.
@@ -72,18 +145,31 @@ impl Management {
 
     /// GET `/api/{path}` as JSON; `Ok(None)` on 404.
     async fn get(&self, path: &str) -> Result<Option<Value>, Error> {
+        self.call(path, None).await
+    }
+
+    /// POST `body` to `/api/{path}`; the answer as JSON, `Ok(None)` on 404.
+    async fn post(&self, path: &str, body: &Value) -> Result<Option<Value>, Error> {
+        self.call(path, Some(body)).await
+    }
+
+    /// GET `/api/{path}`, or POST `body` there, with the API's credentials.
+    async fn call(&self, path: &str, body: Option<&Value>) -> Result<Option<Value>, Error> {
         let unreachable = |detail: String| Error::Unreachable {
             base: self.api.base.clone(),
             detail,
         };
-        let answer = self
+        let client = self
             .http
             .clone()
             .basic(&self.api.username, self.api.password.expose())
-            .map_err(|e| unreachable(e.to_string()))?
-            .get(&format!("{}/api/{path}", self.api.base))
-            .await
             .map_err(|e| unreachable(e.to_string()))?;
+        let url = format!("{}/api/{path}", self.api.base);
+        let answer = match body {
+            None => client.get(&url).await,
+            Some(body) => client.post(&url, body).await,
+        }
+        .map_err(|e| unreachable(e.to_string()))?;
         if answer.status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -107,6 +193,53 @@ impl Management {
                 .map(Some)
                 .ok_or_else(|| Error::NotReported(exchange.to_string())),
         }
+    }
+
+    /// Up to `limit` messages from the head of `queue` in the vhost, read
+    /// without taking them: the management API's get with `ack_requeue_true`
+    /// holds them on one channel and closing it puts each back in its place,
+    /// in order (the broker marks them redelivered; nothing consumes the
+    /// parked queue but people). Only a classic queue is read: a quorum
+    /// queue counts every such return as a delivery, and past a delivery
+    /// limit (RabbitMQ 4 sets 20 by default) drops the message, since the
+    /// parked queue dead-letters nowhere. No such queue: nothing is parked.
+    pub async fn peek(&self, queue: &str, limit: u64) -> Result<Peeked, Error> {
+        let path = format!("queues/{}/{}", segment(&self.api.vhost), segment(queue));
+        let Some(info) = self.get(&path).await? else {
+            return Ok(Peeked::default());
+        };
+        if info["type"].as_str() == Some("quorum") {
+            return Err(Error::NotReadable(format!(
+                "'{queue}' is a quorum queue: reading a message there counts as a delivery, and past its delivery limit the broker drops it; read it in the management UI instead"
+            )));
+        }
+        // Statistics a few seconds old (none yet for a queue just
+        // declared): told, never trusted to skip the read.
+        let in_queue = info["messages"].as_u64().unwrap_or(0);
+        let body = serde_json::json!({
+            "count": limit,
+            "ackmode": "ack_requeue_true",
+            "encoding": "auto",
+            "truncate": PEEK_BYTES,
+        });
+        // Gone since it was looked at: nothing is parked.
+        let Some(answer) = self.post(&format!("{path}/get"), &body).await? else {
+            return Ok(Peeked::default());
+        };
+        let messages: Vec<Peek> = answer
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(Peek::of)
+            .collect();
+        Ok(Peeked {
+            // Fewer than asked: every message ready was read (one a
+            // consumer holds unacknowledged is not ready).
+            complete: (messages.len() as u64) < limit,
+            messages,
+            in_queue,
+        })
     }
 
     /// The connections to the vhost: `(client-provided name, node)` each.
@@ -136,6 +269,14 @@ impl Management {
         Ok(out)
     }
 
+    /// The broker's nodes, as the management API names them (`rabbit@host`):
+    /// every node with a listener, else the node that answered. Empty for a
+    /// user whose tags do not show them (`monitoring` does).
+    pub async fn nodes(&self) -> Result<Vec<String>, Error> {
+        let overview = self.get("overview").await?.unwrap_or_default();
+        Ok(node_names(&overview))
+    }
+
     /// Timers waiting in each delay stage of `names` that exists in the vhost.
     pub async fn stages(&self, names: &Names) -> Result<Stages, Error> {
         let path = format!(
@@ -161,6 +302,26 @@ pub struct Stages {
     /// Timers in the native stage's queue `<prefix>.wait`: held until their
     /// time (`messages_delayed`), or about to be (ready, or with the deferrer).
     pub native: Option<u64>,
+}
+
+/// The node names in a `/api/overview` answer: those with a listener (every
+/// running node of a cluster), else the answering node alone.
+fn node_names(overview: &Value) -> Vec<String> {
+    let mut nodes: Vec<String> = overview["listeners"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|l| l["node"].as_str().map(str::to_string))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    if nodes.is_empty()
+        && let Some(node) = overview["node"].as_str()
+    {
+        nodes.push(node.to_string());
+    }
+    nodes
 }
 
 /// The timers of the native stage's queue in a `/api/queues/{vhost}` answer,
@@ -223,6 +384,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_peeked_message_says_its_order_even_cut() {
+        let peek = |body: &str| Peek {
+            routing_key: "payment".into(),
+            headers: serde_json::json!({"x-parked-reason": "bad_delay"}),
+            body: Some(body.into()),
+        };
+        let whole = peek(r#"{"order_id": "42", "kind": "payment"}"#);
+        assert_eq!(whole.order_id().as_deref(), Some("42"));
+        assert_eq!(whole.body_kind().as_deref(), Some("payment"));
+        assert_eq!(whole.header("x-parked-reason"), Some("bad_delay"));
+        // Cut after the id, or an id written as a number.
+        assert_eq!(
+            peek(r#"{"order_id":"SN-7","kind":"paym"#)
+                .order_id()
+                .as_deref(),
+            Some("SN-7")
+        );
+        assert_eq!(
+            peek(r#"{"order_id": 42}"#).order_id().as_deref(),
+            Some("42")
+        );
+        assert_eq!(peek("not json").order_id(), None);
+        let of = Peek::of(
+            &serde_json::json!({"routing_key": "receipt", "payload": "AAE=",
+            "payload_encoding": "base64", "properties": {"headers": {}}}),
+        );
+        assert_eq!((of.routing_key.as_str(), of.body), ("receipt", None));
+    }
+
+    #[test]
     fn reads_the_plugins_count() {
         let doc = serde_json::json!({"name": "p.delay", "type": "x-delayed-message", "messages_delayed": 3});
         assert_eq!(messages_delayed(&doc), Some(3));
@@ -246,6 +437,20 @@ mod tests {
             {"name": "p.wait", "messages": 9, "messages_ready": 1, "messages_unacknowledged": 2, "messages_delayed": 5},
             {"name": "p.ingest", "messages": 100},
         ]);
+        let overview = serde_json::json!({
+            "node": "rabbit@a",
+            "listeners": [
+                {"node": "rabbit@b", "protocol": "amqp"},
+                {"node": "rabbit@a", "protocol": "amqp"},
+                {"node": "rabbit@a", "protocol": "http"},
+            ],
+        });
+        assert_eq!(node_names(&overview), ["rabbit@a", "rabbit@b"]);
+        assert_eq!(
+            node_names(&serde_json::json!({"node": "rabbit@a"})),
+            ["rabbit@a"]
+        );
+        assert!(node_names(&serde_json::json!({"rabbitmq_version": "3.10"})).is_empty());
         // The one dead-lettered on its way to `due` is not waiting.
         assert_eq!(held_messages(&queues, &names), Some(8));
         assert_eq!(

@@ -1,7 +1,7 @@
 //! The delay mode: what `amqp.delay_mode` means on this broker, decided once
 //! per process and used by every role (and by `doctor`).
 
-use super::connection::connect;
+use super::connection::{close_within, connect};
 use super::deferral;
 use super::topology::{self, Mode, Names};
 use crate::context::Context;
@@ -24,7 +24,7 @@ pub struct Offers {
 pub async fn probe(settings: &AmqpSettings, names: &Names) -> Result<Offers, lapin::Error> {
     let conn = connect(settings, "probe").await?;
     let native = deferral::probe(settings, &conn, names).await;
-    let _ = conn.close(200, "probe done".into()).await;
+    close_within(conn.close(200, "probe done".into())).await;
     let native = native?;
     if native.is_ok() || settings.delay_mode == DelayMode::Native {
         return Ok(Offers {
@@ -35,7 +35,7 @@ pub async fn probe(settings: &AmqpSettings, names: &Names) -> Result<Offers, lap
     let conn = connect(settings, "probe").await?;
     let found = topology::probe_plugin(&conn, names).await;
     // The probe may already have closed the connection; either way it goes.
-    let _ = conn.close(200, "probe done".into()).await;
+    close_within(conn.close(200, "probe done".into())).await;
     Ok(Offers {
         native,
         plugin: Some(found?),

@@ -51,6 +51,7 @@ use crate::db::entities::{order_timeout_events, outbox};
 use crate::db::events::routing_key;
 use crate::db::store::{self, Relayed};
 use crate::domain::{Millis, OrderId, TimeoutKind};
+use crate::traces;
 
 /// The message id of an outbox row: stable across re-publishes of the same row.
 pub fn message_id(row: &outbox::Model) -> String {
@@ -269,6 +270,9 @@ trait Source {
     ) -> Result<Outgoing, &'static str>;
     /// Counts the rows the broker confirmed.
     fn published(&self, ctx: &Context, rows: &[&Row<Self>]);
+    /// The trace context the row keeps (`crate::traces::stored`), and what
+    /// its span says the row is: the order and the timeout kind or event.
+    fn traced(row: &Row<Self>) -> (Option<&str>, String, &str);
 }
 
 /// A row of a source's table.
@@ -316,6 +320,14 @@ impl Source for Timeouts {
     fn published(&self, ctx: &Context, rows: &[&outbox::Model]) {
         ctx.telemetry.outbox_published(rows.len() as u64);
     }
+
+    fn traced(row: &outbox::Model) -> (Option<&str>, String, &str) {
+        (
+            row.trace_context.as_deref(),
+            row.order_id.to_string(),
+            &row.kind,
+        )
+    }
 }
 
 /// Domain events, to `<prefix>.events` with the routing key `order.<event>`.
@@ -348,6 +360,14 @@ impl Source for DomainEvents {
     fn published(&self, ctx: &Context, rows: &[&order_timeout_events::Model]) {
         ctx.telemetry
             .events_published(rows.iter().map(|r| r.event.as_str()));
+    }
+
+    fn traced(row: &order_timeout_events::Model) -> (Option<&str>, String, &str) {
+        (
+            row.trace_context.as_deref(),
+            row.order_id.clone(),
+            &row.event,
+        )
     }
 }
 
@@ -624,7 +644,7 @@ async fn publish<S: Source>(
 ) -> Result<(), Error> {
     let mut unpublishable: BTreeMap<&'static str, Vec<i64>> = BTreeMap::new();
     for (i, row) in round.rows.iter().enumerate() {
-        let out = match source.message(ctx, row, round.now) {
+        let mut out = match source.message(ctx, row, round.now) {
             Ok(out) => out,
             Err(reason) => {
                 let ids = unpublishable.entry(reason).or_default();
@@ -632,6 +652,24 @@ async fn publish<S: Source>(
                 continue;
             }
         };
+        // With traces on, a child of the span that wrote the row, whose
+        // context the message carries.
+        let span = traces::span!(
+            "relay.publish",
+            otel.kind = "producer",
+            outbox = S::Table::OUTBOX.as_str(),
+            order.id = tracing::field::Empty,
+            message.name = tracing::field::Empty,
+            messaging.destination.name = out.exchange.as_str(),
+            messaging.rabbitmq.destination.routing_key = out.routing_key.as_str(),
+        );
+        if !span.is_none() {
+            let (stored, order_id, name) = S::traced(row);
+            traces::follow_stored(&span, stored);
+            span.record("order.id", order_id);
+            span.record("message.name", name);
+            out.properties = traces::into_headers(&span, out.properties);
+        }
         let confirm = channel
             .basic_publish(
                 out.exchange.as_str().into(),

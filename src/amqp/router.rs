@@ -22,6 +22,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
 
+use super::connection::close_within;
 use super::disposition::admit;
 use super::topology::{Mode, delay_route, into_stage};
 use super::wire::{self, Park};
@@ -29,6 +30,7 @@ use super::{Ended, Error, channels, park_delivery, publish_confirmed};
 use crate::context::Context;
 use crate::control::Pausable;
 use crate::domain::TimeoutKind;
+use crate::traces;
 
 /// Where a valid message goes next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,8 +149,8 @@ async fn session(
     }
     if let Ok(Ended::Paused) = result {
         // What the broker had pushed and was not routed goes back to ingest.
-        let _ = consume.close(200, "paused".into()).await;
-        let _ = publish.close(200, "paused".into()).await;
+        close_within(consume.close(200, "paused".into())).await;
+        close_within(publish.close(200, "paused".into())).await;
         ctx.telemetry
             .consumption_stopped(Pausable::Router, &ctx.names.ingest(), 0);
     }
@@ -161,8 +163,22 @@ async fn route_one(
     mode: Mode,
     delivery: Delivery,
 ) -> Result<(), Error> {
+    // With traces on, a child of the message's `traceparent` (the
+    // publisher's), whose context the copy in the delay stage carries on.
+    let span = traces::span!(
+        "router.validate",
+        otel.kind = "consumer",
+        timeout.kind = tracing::field::Empty,
+        timeout.delay_ms = tracing::field::Empty,
+        parked.reason = tracing::field::Empty,
+    );
+    traces::follow_headers(&span, delivery.properties.headers().as_ref());
     match classify(&ctx, mode, &delivery) {
         Ok(route) => {
+            if !span.is_none() {
+                span.record("timeout.kind", route.kind.as_str());
+                span.record("timeout.delay_ms", route.delay_ms);
+            }
             publish_confirmed(
                 &publish,
                 &route.exchange,
@@ -174,10 +190,13 @@ async fn route_one(
                 // AMQP type it does not take as an integer, a timestamp say),
                 // persistent, and without `expiration` or `user_id`: see
                 // `wire::with_delay`.
-                into_stage(
-                    mode,
-                    wire::with_delay(&delivery.properties, route.delay_ms),
-                    route.delay_ms,
+                traces::into_headers(
+                    &span,
+                    into_stage(
+                        mode,
+                        wire::with_delay(&delivery.properties, route.delay_ms),
+                        route.delay_ms,
+                    ),
                 ),
             )
             .await?;
@@ -185,6 +204,9 @@ async fn route_one(
             ctx.telemetry.routed(route.kind, &route.routing_key);
             Ok(())
         }
-        Err((park, kind)) => park_delivery(&ctx, &publish, &delivery, &park, "router", kind).await,
+        Err((park, kind)) => {
+            span.record("parked.reason", park.reason.as_str());
+            park_delivery(&ctx, &publish, &delivery, &park, "router", kind).await
+        }
     }
 }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
-use super::connection::{Backoff, connect_to_any, connection_name, pause};
+use super::connection::{Backoff, close_within, connect_to_any, connection_name, pause};
 use super::mode::delay_mode;
 use super::topology::{self, Mode};
 use crate::context::{Context, Role};
@@ -67,7 +67,7 @@ pub async fn supervise<F, Fut>(
                 let result = work(conn.clone(), mode).await;
                 ctx.health.set_broker(role, false);
                 ctx.health.set_node(role, None);
-                let _ = conn.close(200, "bye".into()).await;
+                close_within(conn.close(200, "bye".into())).await;
                 if started.elapsed() > Duration::from_secs(30) {
                     backoff.reset();
                 }

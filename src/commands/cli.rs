@@ -58,7 +58,7 @@ pub enum Command {
     /// Watch it work: a few orders on a temporary database, some paid, the rest
     /// cancelled live at their deadlines (needs only the broker).
     Demo,
-    /// Talk to a running instance: status, pause ROLE, resume ROLE, reload.
+    /// Talk to a running instance: status, pause ROLE, resume ROLE, reload, order ID.
     Ctl {
         /// The instance's API, `http://host:port` (default: from `http.bind`).
         #[arg(long)]
@@ -143,7 +143,6 @@ pub fn main() -> ExitCode {
         settings.log.level = "warn,lapin=off".into();
     }
     let progress_line = demo && std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
-    logs::init(&settings.log, progress_line);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -154,6 +153,23 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Inside the runtime: the span exporter (`tracing.*`) is a task of it.
+    // Traces are for the service; the other commands log only.
+    let traces = match cli.command {
+        Command::Serve { .. } => settings.tracing.clone(),
+        _ => crate::settings::TracingSettings {
+            otlp_endpoint: String::new(),
+            ..settings.tracing.clone()
+        },
+    };
+    let installed = {
+        let _entered = runtime.enter();
+        logs::init(&settings.log, &traces, progress_line)
+    };
+    if let Err(e) = installed {
+        eprintln!("order-timeout: configuration error: {e:#}");
+        return ExitCode::from(2);
+    }
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve { no_migrate } => {

@@ -43,6 +43,12 @@ pub enum CtlAction {
     },
     /// Read the settings again; apply what can change while running.
     Reload,
+    /// One order's story: status, deadlines, each transition with its cause,
+    /// lateness and instance, its events, the timeouts ahead, parked ones.
+    Order {
+        /// The order's id, as on the wire.
+        id: String,
+    },
 }
 
 /// Where to reach the instance, and as whom.
@@ -90,6 +96,13 @@ pub async fn run(
             format!("/admin/resume/{role}{}", scope(*instance)),
         ),
         CtlAction::Reload => (Method::POST, "/admin/reload".to_string()),
+        CtlAction::Order { id } => (
+            Method::GET,
+            format!(
+                "/admin/orders/{}",
+                percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC)
+            ),
+        ),
     };
     let body = match &action {
         CtlAction::Pause {
@@ -266,6 +279,124 @@ fn render(action: &CtlAction, body: &Value) -> String {
             }
             out += &restart_lines(&body["restart_needed"]);
         }
+        CtlAction::Order { .. } => out += &story(body),
+    }
+    out
+}
+
+/// An order's story for people: one section per part of the answer.
+fn story(body: &Value) -> String {
+    let mut out = format!(
+        "order {} ({})  {}",
+        text(&body["id"]),
+        text(&body["source"]),
+        text(&body["status"])
+    );
+    if let Some(raw) = body["status_raw"].as_str() {
+        out += &format!(" (the shop's table says '{raw}')");
+    }
+    out += &format!("\nnow {} (the database's clock)\n", text(&body["now"]));
+    let list = |v: &Value| v.as_array().cloned().unwrap_or_default();
+    out += "deadlines:\n";
+    for d in list(&body["deadlines"]) {
+        let passed = if d["passed"] == true {
+            "passed"
+        } else {
+            "ahead"
+        };
+        out += &format!("  {:<12} {}  {passed}\n", text(&d["kind"]), text(&d["at"]));
+    }
+    out += "transitions:\n";
+    for t in list(&body["transitions"]) {
+        let from = t["from"]
+            .as_str()
+            .map(|f| format!("{f} -> "))
+            .unwrap_or_default();
+        let mut line = format!(
+            "  {}  {:<20} {from}{}  by {}",
+            text(&t["at"]),
+            text(&t["event"]),
+            text(&t["to"]),
+            text(&t["cause"])
+        );
+        if let Some(kind) = t["kind"].as_str() {
+            line += &format!(" ({kind})");
+        }
+        if let Some(late) = t["late_ms"].as_i64() {
+            line += &format!(", {late} ms after the deadline");
+        }
+        if let Some(instance) = t["instance"].as_str() {
+            line += &format!(", on {instance}");
+        }
+        if let Some(detail) = t["detail"].as_str() {
+            line += &format!(": {detail}");
+        }
+        out += &format!("{line}\n");
+    }
+    out += "events:\n";
+    for e in list(&body["events"]) {
+        let mut line = format!(
+            "  {:<28} {:<10} {}",
+            text(&e["event"]),
+            text(&e["state"]),
+            text(&e["at"])
+        );
+        if let Some(reason) = e["reason"].as_str() {
+            line += &format!(": {reason}");
+        }
+        out += &format!("{line}\n");
+    }
+    let waiting = list(&body["waiting"]);
+    if waiting.is_empty() {
+        out += "waiting: no timeout ahead for this status\n";
+    } else {
+        out += "waiting:\n";
+        for w in waiting {
+            let ms = w["due_in_ms"].as_i64().unwrap_or(0);
+            out += &format!(
+                "  {:<12} due {} (in {})\n",
+                text(&w["kind"]),
+                text(&w["due_at"]),
+                // Whole seconds: the milliseconds of a week away say nothing.
+                humantime::format_duration(std::time::Duration::from_secs(
+                    u64::try_from(ms / 1000).unwrap_or(0)
+                ))
+            );
+        }
+    }
+    if body["parked_checked"] != true {
+        out += &format!("parked: not checked ({})\n", text(&body["parked_error"]));
+        return out;
+    }
+    let parked = list(&body["parked"]);
+    let read = body["parked_read"].as_u64().unwrap_or(0);
+    let partly = if body["parked_complete"] == true {
+        String::new()
+    } else {
+        format!(
+            "; only the first {read} of about {} messages were read",
+            body["parked_in_queue"].as_u64().unwrap_or(0)
+        )
+    };
+    if parked.is_empty() {
+        out += &format!("parked: none of its timeouts ({read} messages read{partly})\n");
+    } else {
+        out += &format!("parked ({read} messages read{partly}):\n");
+        for p in parked {
+            let mut line = format!(
+                "  {:<12} {}",
+                p["kind"].as_str().unwrap_or("?"),
+                text(&p["reason"])
+            );
+            if let Some(detail) = p["detail"].as_str() {
+                line += &format!(": {detail}");
+            }
+            line += &format!("  in {}", text(&p["queue"]));
+            if let Some(at) = p["at"].as_str() {
+                line += &format!(" since {at}");
+            }
+            out += &format!("{line}\n");
+        }
     }
     out
 }
@@ -394,6 +525,45 @@ mod tests {
         for (action, body, said) in cases {
             assert_eq!(render(&action, &body), said, "{body}");
         }
+    }
+
+    #[test]
+    fn an_orders_story_has_a_line_per_transition_and_says_what_waits() {
+        let body = json!({
+            "id": "8812", "source": "owned", "status": "cancelled", "now": "2026-12-05T12:00:00.000Z",
+            "deadlines": [{"kind": "payment", "at": "2026-12-05T11:59:00.000Z", "passed": true}],
+            "transitions": [
+                {"at": "2026-12-05T11:58:00.000Z", "event": "created", "from": null, "to": "pending_payment",
+                 "cause": "buyer", "kind": null, "late_ms": null, "instance": null, "detail": null},
+                {"at": "2026-12-05T11:59:00.112Z", "event": "cancelled", "from": "pending_payment", "to": "cancelled",
+                 "cause": "timeout", "kind": "payment", "late_ms": 112, "instance": "shop-1", "detail": null}
+            ],
+            "events": [{"event": "order.cancelled", "state": "set_aside", "at": "2026-12-05T11:59:00.112Z", "reason": "too big"}],
+            "waiting": [], "parked": [{"kind": "payment", "reason": "bad_delay", "detail": "x-delay -5", "queue": "p.parked", "at": null}],
+            "parked_checked": true, "parked_complete": false, "parked_read": 200, "parked_in_queue": 450
+        });
+        let text = render(&CtlAction::Order { id: "8812".into() }, &body);
+        assert!(
+            text.starts_with("order 8812 (owned)  cancelled\n"),
+            "{text}"
+        );
+        assert!(text.contains("pending_payment -> cancelled  by timeout (payment), 112 ms after the deadline, on shop-1"), "{text}");
+        assert!(text.contains("order.cancelled"), "{text}");
+        assert!(text.contains("set_aside"), "{text}");
+        assert!(text.contains("waiting: no timeout ahead"), "{text}");
+        assert!(text.contains("only the first 200 of about 450"), "{text}");
+        assert!(
+            text.contains("bad_delay: x-delay -5  in p.parked"),
+            "{text}"
+        );
+        let unchecked = json!({"id": "1", "source": "mapped", "status": "paid", "status_raw": "PAID",
+            "now": "x", "parked_checked": false, "parked_error": "amqp.management_url = off"});
+        let text = render(&CtlAction::Order { id: "1".into() }, &unchecked);
+        assert!(text.contains("(the shop's table says 'PAID')"), "{text}");
+        assert!(
+            text.contains("parked: not checked (amqp.management_url = off)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -128,6 +128,10 @@ pub mod outbox {
         pub set_aside_at_ms: Option<i64>,
         /// Why it was set aside.
         pub set_aside_reason: Option<String>,
+        /// The trace context of the span that wrote the row, which the
+        /// relay's publish continues (`crate::traces::stored`); null when
+        /// traces are off, and in rows of earlier releases.
+        pub trace_context: Option<String>,
     }
 
     /// No relations are navigated through SeaORM.
@@ -163,6 +167,13 @@ pub mod order_events {
         pub at_ms: i64,
         /// A sentence for people, when there is more to say.
         pub detail: Option<String>,
+        /// For a timeout's transition: how long after the deadline it was
+        /// applied, both by the database's clock (null for a client's action,
+        /// and for rows of a release that did not record it).
+        pub late_ms: Option<i64>,
+        /// For a timeout's transition: the instance that applied it
+        /// (`amqp.instance`).
+        pub instance: Option<String>,
     }
 
     /// No relations are navigated through SeaORM.
@@ -238,6 +249,10 @@ pub mod order_timeout_events {
         pub set_aside_at_ms: Option<i64>,
         /// Why it was set aside.
         pub set_aside_reason: Option<String>,
+        /// The trace context of the span that wrote the row, which the
+        /// relay's publish continues (`crate::traces::stored`); null when
+        /// traces are off, and in rows of earlier releases.
+        pub trace_context: Option<String>,
     }
 
     /// No relations are navigated through SeaORM.
@@ -273,6 +288,13 @@ pub mod order_timeout_audit {
         pub at_ms: i64,
         /// A sentence for people, when there is more to say.
         pub detail: Option<String>,
+        /// For a timeout's transition: how long after the deadline it was
+        /// applied, both by the database's clock (null for a client's action,
+        /// and for rows of a release that did not record it).
+        pub late_ms: Option<i64>,
+        /// For a timeout's transition: the instance that applied it
+        /// (`amqp.instance`).
+        pub instance: Option<String>,
     }
 
     /// No relations are navigated through SeaORM.

@@ -149,6 +149,7 @@ pub async fn append<C: ConnectionTrait>(db: &C, events: &[DomainEvent]) -> Resul
             body: Set(e.body()),
             created_at_ms: Set(e.at.0),
             attempts: Set(0),
+            trace_context: Set(crate::traces::for_order(&e.order_id)),
             ..Default::default()
         });
         order_timeout_events::Entity::insert_many(rows)

@@ -210,35 +210,32 @@ async fn dedicated(
         ))
     };
     match backend {
-        DbBackend::Postgres => {
-            let pool = db.get_postgres_connection_pool();
-            let one = pool
-                .options()
-                .clone()
-                .max_connections(1)
-                .min_connections(0)
-                .max_lifetime(None)
-                .idle_timeout(None)
-                .connect_with((*pool.connect_options()).clone())
+        DbBackend::Postgres => Ok(SqlxPostgresConnector::from_sqlx_postgres_pool(
+            one_of(db.get_postgres_connection_pool())
                 .await
-                .map_err(conn_err)?;
-            Ok(SqlxPostgresConnector::from_sqlx_postgres_pool(one))
-        }
-        _ => {
-            let pool = db.get_mysql_connection_pool();
-            let one = pool
-                .options()
-                .clone()
-                .max_connections(1)
-                .min_connections(0)
-                .max_lifetime(None)
-                .idle_timeout(None)
-                .connect_with((*pool.connect_options()).clone())
+                .map_err(conn_err)?,
+        )),
+        _ => Ok(SqlxMySqlConnector::from_sqlx_mysql_pool(
+            one_of(db.get_mysql_connection_pool())
                 .await
-                .map_err(conn_err)?;
-            Ok(SqlxMySqlConnector::from_sqlx_mysql_pool(one))
-        }
+                .map_err(conn_err)?,
+        )),
     }
+}
+
+/// A new pool of one connection with `pool`'s options and connect options,
+/// never recycled for age or idleness.
+async fn one_of<D: sea_orm::sqlx::Database>(
+    pool: &sea_orm::sqlx::Pool<D>,
+) -> Result<sea_orm::sqlx::Pool<D>, sea_orm::sqlx::Error> {
+    pool.options()
+        .clone()
+        .max_connections(1)
+        .min_connections(0)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_with((*pool.connect_options()).clone())
+        .await
 }
 
 /// The MariaDB/MySQL lock name, as an SQL expression.

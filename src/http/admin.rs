@@ -200,6 +200,28 @@ fn disabled(ctx: &Context, role: Pausable) -> Option<&'static str> {
     }
 }
 
+/// Every pausable role as `/admin/status` shows it (and `/admin/overview`).
+pub(super) fn role_views(ctx: &Context) -> Vec<RoleView> {
+    ctx.pauses
+        .snapshot()
+        .into_iter()
+        .map(|(role, state)| RoleView {
+            role: role.as_str(),
+            paused: state.paused(),
+            since: state
+                .pauses()
+                .map(|(_, p)| p.since)
+                .min()
+                .map(Millis::to_rfc3339),
+            enabled: disabled(ctx, role).is_none(),
+            pauses: state
+                .pauses()
+                .map(|(scope, p)| PauseEntryView::new(scope, p))
+                .collect(),
+        })
+        .collect()
+}
+
 #[utoipa::path(
     get,
     path = "/admin/status",
@@ -211,25 +233,7 @@ pub(super) async fn status(State(ctx): State<Arc<Context>>) -> Json<StatusView> 
     Json(StatusView {
         instance: ctx.settings.amqp.instance.clone(),
         mode: ctx.resolved_mode().map(|m| m.as_str()),
-        roles: ctx
-            .pauses
-            .snapshot()
-            .into_iter()
-            .map(|(role, state)| RoleView {
-                role: role.as_str(),
-                paused: state.paused(),
-                since: state
-                    .pauses()
-                    .map(|(_, p)| p.since)
-                    .min()
-                    .map(Millis::to_rfc3339),
-                enabled: disabled(&ctx, role).is_none(),
-                pauses: state
-                    .pauses()
-                    .map(|(scope, p)| PauseEntryView::new(scope, p))
-                    .collect(),
-            })
-            .collect(),
+        roles: role_views(&ctx),
         reload: ReloadStatusView {
             last_at: reload.last_at.map(Millis::to_rfc3339),
             last_outcome: reload.last_outcome.map(|o| o.as_str()),

@@ -41,10 +41,14 @@ use crate::settings::{Windows, parse_window};
 
 mod admin;
 mod cross_site;
+mod deadlines;
 pub(crate) mod idempotency;
 mod inventory;
 mod operations;
 mod orders;
+mod overview;
+mod story;
+pub mod ui;
 
 /// Requests are small; anything larger is refused before it is read.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -206,7 +210,7 @@ impl From<TransitionError> for ApiError {
         (name = "inventory", description = "Stock per SKU"),
         (name = "orders", description = "Checkout and the order lifecycle"),
         (name = "operations", description = "Health, readiness, metrics"),
-        (name = "admin", description = "Pause and resume a role, reload the settings, see what runs (`order-timeout ctl`)")
+        (name = "admin", description = "Pause and resume a role, reload the settings, see what runs, follow one order (`order-timeout ctl`, the page `/ui`)")
     )
 )]
 struct ApiDoc;
@@ -240,6 +244,9 @@ fn routes(protect_operations: bool) -> (Router<Arc<Context>>, utoipa::openapi::O
         .routes(routes!(admin::pause))
         .routes(routes!(admin::resume))
         .routes(routes!(admin::reload))
+        .routes(routes!(overview::overview))
+        .routes(routes!(story::order_story))
+        .routes(routes!(deadlines::deadlines))
         .split_for_parts();
     declare_security(&mut doc, protect_operations);
     (router, doc)
@@ -320,6 +327,8 @@ pub fn router(ctx: Arc<Context>) -> Router {
     let owned = ctx.orders.is_owned();
     let anonymous = !ctx.settings.http.has_tokens();
     routes
+        // The operator's page: static, open; its script calls the admin API.
+        .merge(ui::routes())
         .route(
             "/openapi.json",
             get(move || {

@@ -2,6 +2,8 @@
 //! buyer's and merchant's actions on it.
 
 use super::*;
+use crate::traces;
+use tracing::Instrument as _;
 
 /// One line of a new order.
 #[derive(Deserialize, ToSchema)]
@@ -228,7 +230,9 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     path = "/orders",
     tag = "orders",
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters. A retry with the same key and the same request answers the first answer again (with `Idempotent-Replayed: true`) and reserves nothing; keys are the caller's own (per bearer token) and kept `http.idempotency_retention` (24h)")
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters. A retry with the same key and the same request answers the first answer again (with `Idempotent-Replayed: true`) and reserves nothing; keys are the caller's own (per bearer token) and kept `http.idempotency_retention` (24h)"),
+        ("traceparent" = Option<String>, Header, description = "W3C trace context of the caller's span: with `tracing.otlp_endpoint` set, the checkout's span and the order's timeout join that trace; ignored when malformed or tracing is off"),
+        ("tracestate" = Option<String>, Header, description = "W3C trace state, passed on with `traceparent`")
     ),
     request_body = OrderBody,
     responses(
@@ -244,6 +248,33 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 )]
 pub(super) async fn create_order(
     State(ctx): State<Arc<Context>>,
+    caller: Option<Extension<Caller>>,
+    headers: HeaderMap,
+    body: Result<Json<OrderBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    // With traces on, the checkout is a span (a child of the caller's own
+    // `traceparent`, if it sent one) that the order's timeout carries on.
+    let span = traces::span!(
+        "checkout",
+        otel.kind = "server",
+        order.id = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    traces::follow_http(&span, &headers);
+    let answer = checkout(ctx, caller, headers, body)
+        .instrument(span.clone())
+        .await;
+    if span.is_none() {
+        return answer;
+    }
+    let response = answer.unwrap_or_else(IntoResponse::into_response);
+    span.record("http.response.status_code", response.status().as_u16());
+    Ok(response)
+}
+
+/// Checkout itself, in its span.
+async fn checkout(
+    ctx: Arc<Context>,
     caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Result<Json<OrderBody>, JsonRejection>,
@@ -270,6 +301,7 @@ pub(super) async fn create_order(
         .await
     {
         Ok(order) => {
+            tracing::Span::current().record("order.id", order.id.to_string());
             ctx.telemetry.order_created(order.id, order.pay_deadline);
             let location = format!("/orders/{}", order.id);
             Ok((

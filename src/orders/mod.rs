@@ -6,12 +6,16 @@
 //! the same either way, and an order is named by its [`OrderKey`] from the
 //! delivery to the statement and back.
 //!
+//! Each store also tells one order's [`Story`] (for `GET /admin/orders/{id}`),
+//! to which [`Orders::story`] adds the state of its domain events.
+//!
 //! [`Orders`] is also the layer that commits what the outbox relay publishes
 //! (a timeout applied, a checkout, a client's action): it raises
 //! [`Committed`] after each such commit, and the relay waits on it.
 
 pub mod mapped;
 mod owned;
+pub mod story;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -22,13 +26,15 @@ use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::Notify;
 
 use crate::db::store::{
-    self, Backlog, CheckoutError, Deadline, IdempotencyKey, NewItem, Order, TransitionError,
+    self, Backlog, CheckoutError, Deadline, DueAhead, IdempotencyKey, NewItem, Order,
+    TransitionError,
 };
 use crate::domain::{Action, Millis, OrderId, OrderKey, TimeoutKind};
 pub use crate::domain::{Cause, ExpiryOutcome};
 use crate::settings::{OrdersSource, Settings, Windows};
 pub use mapped::{Mapped, MappingError};
 pub use owned::Owned;
+pub use story::{EventState, Story, Transition};
 
 /// What failed attempts applied after all ([`OrderStore::applied_earlier`]):
 /// each order with the attempt's clock reading and its outcome.
@@ -45,7 +51,9 @@ pub trait OrderStore: std::fmt::Debug + Send + Sync {
     fn accept(&self, key: &OrderKey) -> Result<OrderKey, String>;
 
     /// Applies the timeout of `kind` to each order whose deadline has passed,
-    /// in one transaction; says for every key what it found.
+    /// in one transaction; says for every key what it found. Each audit row
+    /// says how late (`now` minus the deadline, both by the database's
+    /// clock) and names `instance` as the one that applied it.
     fn expire<'a>(
         &'a self,
         db: &'a DatabaseConnection,
@@ -53,6 +61,7 @@ pub trait OrderStore: std::fmt::Debug + Send + Sync {
         keys: &'a [OrderKey],
         now: Millis,
         cause: Cause,
+        instance: &'a str,
     ) -> BoxFuture<'a, Result<HashMap<OrderKey, ExpiryOutcome>, DbErr>>;
 
     /// The orders among `keys` that an earlier, failed attempt of this
@@ -98,6 +107,19 @@ pub trait OrderStore: std::fmt::Debug + Send + Sync {
         now: Millis,
     ) -> BoxFuture<'a, Result<Option<Duration>, DbErr>>;
 
+    /// How many orders wait for a timeout of `kind` whose deadline falls
+    /// within each of `horizons` (ascending; the last bounds the read) from
+    /// `now`, minute by minute, and how many are overdue already: one
+    /// aggregate in the database, by its clock. `None` when timeouts of
+    /// `kind` act on nothing.
+    fn due_ahead<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        horizons: &'a [Duration],
+    ) -> BoxFuture<'a, Result<Option<DueAhead>, DbErr>>;
+
     /// One page of orders overdue by more than `grace`, with their
     /// deadlines; `after` is the previous page's [`OverduePage::next`].
     fn overdue<'a>(
@@ -109,6 +131,16 @@ pub trait OrderStore: std::fmt::Debug + Send + Sync {
         after: Option<&'a Cursor>,
         limit: u64,
     ) -> BoxFuture<'a, Result<OverduePage, DbErr>>;
+
+    /// One order's status, deadlines, recorded transitions and the timeouts
+    /// still ahead of it at `now` (the database's clock); `None` when there
+    /// is no such order. `key` was [`accept`](OrderStore::accept)ed.
+    fn story<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        key: &'a OrderKey,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<Option<Story>, DbErr>>;
 }
 
 /// Raised after a transaction committed rows the outbox relay publishes
@@ -199,8 +231,12 @@ impl Orders {
         keys: &[OrderKey],
         now: Millis,
         cause: Cause,
+        instance: &str,
     ) -> Result<HashMap<OrderKey, ExpiryOutcome>, DbErr> {
-        let outcomes = self.store.expire(db, kind, keys, now, cause).await?;
+        let outcomes = self
+            .store
+            .expire(db, kind, keys, now, cause, instance)
+            .await?;
         if outcomes
             .values()
             .any(|o| matches!(o, ExpiryOutcome::Applied { .. }))
@@ -253,6 +289,17 @@ impl Orders {
         self.store.until_next(db, kind, now).await
     }
 
+    /// See [`OrderStore::due_ahead`].
+    pub async fn due_ahead(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        horizons: &[Duration],
+    ) -> Result<Option<DueAhead>, DbErr> {
+        self.store.due_ahead(db, kind, now, horizons).await
+    }
+
     /// See [`OrderStore::overdue`].
     pub async fn overdue(
         &self,
@@ -264,6 +311,22 @@ impl Orders {
         limit: u64,
     ) -> Result<OverduePage, DbErr> {
         self.store.overdue(db, kind, now, grace, after, limit).await
+    }
+
+    /// One order's story at `now` (the database's clock): what its store
+    /// records, and where each transition's domain event is. `None` when
+    /// there is no such order.
+    pub async fn story(
+        &self,
+        db: &DatabaseConnection,
+        key: &OrderKey,
+        now: Millis,
+    ) -> Result<Option<(Story, Vec<EventState>)>, DbErr> {
+        let Some(story) = self.store.story(db, key, now).await? else {
+            return Ok(None);
+        };
+        let events = story::event_states(db, &story.key, &story.transitions).await?;
+        Ok(Some((story, events)))
     }
 
     /// A checkout in the service's own tables ([`store::checkout`]); the
@@ -326,8 +389,9 @@ impl OrderStore for Mapped {
         keys: &'a [OrderKey],
         now: Millis,
         cause: Cause,
+        instance: &'a str,
     ) -> BoxFuture<'a, Result<HashMap<OrderKey, ExpiryOutcome>, DbErr>> {
-        Box::pin(Mapped::expire(self, db, kind, keys, now, cause))
+        Box::pin(Mapped::expire(self, db, kind, keys, now, cause, instance))
     }
 
     fn applied_earlier<'a>(
@@ -372,6 +436,17 @@ impl OrderStore for Mapped {
         Box::pin(Mapped::until_next(self, db, kind))
     }
 
+    fn due_ahead<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        _now: Millis,
+        horizons: &'a [Duration],
+    ) -> BoxFuture<'a, Result<Option<DueAhead>, DbErr>> {
+        // Reckoned by the database's clock in the shop's zone, as the backlog.
+        Box::pin(Mapped::due_ahead(self, db, kind, horizons))
+    }
+
     fn overdue<'a>(
         &'a self,
         db: &'a DatabaseConnection,
@@ -390,6 +465,15 @@ impl OrderStore for Mapped {
             after.map(|c| c.raw.as_str()),
             limit,
         ))
+    }
+
+    fn story<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        key: &'a OrderKey,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<Option<Story>, DbErr>> {
+        Box::pin(Mapped::story(self, db, key, now))
     }
 }
 

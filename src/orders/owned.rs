@@ -9,8 +9,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use sea_orm::{DatabaseConnection, DbErr};
 
-use super::{AppliedEarlier, Cursor, OrderStore, OverduePage, Unreadable};
-use crate::db::store::{self, Backlog};
+use super::{AppliedEarlier, Cursor, OrderStore, OverduePage, Story, Transition, Unreadable};
+use crate::db::store::{self, Backlog, DueAhead};
 use crate::domain::{Cause, ExpiryOutcome, Millis, OrderId, OrderKey, TimeoutKind};
 
 /// The service's own tables.
@@ -53,11 +53,12 @@ impl OrderStore for Owned {
         keys: &'a [OrderKey],
         now: Millis,
         cause: Cause,
+        instance: &'a str,
     ) -> BoxFuture<'a, Result<HashMap<OrderKey, ExpiryOutcome>, DbErr>> {
         Box::pin(async move {
             let (ids, none) = ids(keys);
             let list: Vec<OrderId> = ids.keys().copied().collect();
-            let found = store::expire(db, kind, &list, now, cause).await?;
+            let found = store::expire(db, kind, &list, now, cause, instance).await?;
             let mut outcomes: HashMap<OrderKey, ExpiryOutcome> = found
                 .into_iter()
                 .filter_map(|(id, outcome)| Some(((*ids.get(&id)?).clone(), outcome)))
@@ -122,6 +123,16 @@ impl OrderStore for Owned {
         })
     }
 
+    fn due_ahead<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        kind: TimeoutKind,
+        now: Millis,
+        horizons: &'a [Duration],
+    ) -> BoxFuture<'a, Result<Option<DueAhead>, DbErr>> {
+        Box::pin(async move { store::due_ahead(db, kind, now, horizons).await.map(Some) })
+    }
+
     fn overdue<'a>(
         &'a self,
         db: &'a DatabaseConnection,
@@ -151,6 +162,50 @@ impl OrderStore for Owned {
                 next,
                 unreadable: Unreadable::default(),
             })
+        })
+    }
+
+    fn story<'a>(
+        &'a self,
+        db: &'a DatabaseConnection,
+        key: &'a OrderKey,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<Option<Story>, DbErr>> {
+        Box::pin(async move {
+            let Ok(id) = key.as_str().parse::<OrderId>() else {
+                return Ok(None);
+            };
+            let Some(found) = store::story(db, id, now).await? else {
+                return Ok(None);
+            };
+            let transitions = found
+                .trail
+                .into_iter()
+                .map(|row| Transition {
+                    at: Millis(row.at_ms),
+                    kind: Transition::kind_of(&row.event, &row.cause),
+                    // A client's request is told by its party, as its event is.
+                    cause: if row.cause == Cause::Api.as_str() {
+                        Cause::Api.party(&row.event).to_string()
+                    } else {
+                        row.cause
+                    },
+                    event: row.event,
+                    from: row.from_status,
+                    to: row.to_status,
+                    late_ms: row.late_ms,
+                    instance: row.instance,
+                    detail: row.detail,
+                })
+                .collect();
+            Ok(Some(Story {
+                key: OrderKey::from(id),
+                status: found.status.as_str().to_string(),
+                status_raw: None,
+                deadlines: found.deadlines,
+                transitions,
+                waiting: found.waiting,
+            }))
         })
     }
 }

@@ -83,6 +83,7 @@ fields! {
     u64: 0, |v: &u64| v.to_string();
     i32: 0, |v: &i32| v.to_string();
     usize: 0, |v: &usize| v.to_string();
+    f64: 0.0, |v: &f64| v.to_string();
     String: String::new(), String::clone;
     SocketAddr: SocketAddr::from(([127, 0, 0, 1], 0)), |v: &SocketAddr| v.to_string();
     Duration: Duration::ZERO, |d: &Duration| humantime::format_duration(*d).to_string();
@@ -420,10 +421,10 @@ settings! {
         [live] retention: Option<Duration> = "90d", |k, v, _| parse_retention(k, v, SEC * 3600, DAY * 3650);
     }
 
-    /// The order gauges: orders waiting for each timeout, and those overdue (docs/operations.md, Monitoring).
+    /// The order gauges: orders waiting for each timeout, those overdue, and those due soon (docs/operations.md, Monitoring).
     metrics: MetricsSettings, check None => {
         // Prometheus scrapes every 15 s to 1 min: a reading per scrape at most.
-        /// How often the order gauges are read from the database, one query per kind (100ms to 1h).
+        /// How often the order gauges are read from the database, two queries per kind (100ms to 1h).
         [live] gauge_interval: Duration = "15s", |k, v, _| parse_duration(k, v, MS * 100, SEC * 3600);
         // As sweeper.grace: an order this late is one the sweeper takes in
         // its next pass, so a lost timer shows for at most sweeper.interval.
@@ -437,6 +438,18 @@ settings! {
         format: LogFormat = "pretty", |k, v, _| parse_choice(k, v, &LogFormat::ALL, LogFormat::as_str);
         /// Log filter in RUST_LOG syntax, used when RUST_LOG is not set.
         [live] level: String = "info,lapin=off", |k, v, _| parse_log_level(k, v);
+    }
+
+    /// Traces of each timeout across the broker, exported over OTLP/HTTP (docs/operations.md, Tracing).
+    tracing: TracingSettings, check None => {
+        // Empty: no exporter, no layer, no header read or written, no cost.
+        /// OTLP/HTTP base URL, e.g. http://collector:4318 (spans go to its /v1/traces); empty: off.
+        otlp_endpoint: String = "", |k, v, _| parse_otlp_endpoint(k, v);
+        /// The service.name the spans carry.
+        service_name: String = "order-timeout", |k, v, _| parse_service_name(k, v);
+        // Parent-based: a publisher's sampled traceparent is always followed.
+        /// Share of new traces sampled (0.0 to 1.0); a publisher's traceparent keeps its own decision.
+        sample_ratio: f64 = "1.0", |k, v, _| parse_ratio(k, v);
     }
 
     // Whose orders, and a shop's own table (see `mapping.rs`): empty text is

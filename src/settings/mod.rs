@@ -116,14 +116,17 @@ use connections::{
 pub use file::{REGENERATE, defaults_file};
 pub use keys::{
     AmqpSettings, ConsumerSettings, DatabaseSettings, HttpSettings, LogSettings, ManagementApi,
-    MetricsSettings, RelaySettings, Settings, SweeperSettings, Windows,
+    MetricsSettings, RelaySettings, Settings, SweeperSettings, TracingSettings, Windows,
 };
 use keys::{SECTIONS, keys};
 pub use live::{Change, changes, check_applied, is_live, live_keys};
 pub use mapping::{KindMapping, MappingSettings, OrdersSource, StockMapping, Zone};
 use mapping::{check_mapping, parse_ident, parse_release_sql, parse_status, parse_time_zone};
 pub use parse::{MIN_TOKEN_LEN, parse_duration, parse_tokens, parse_window};
-use parse::{parse_bind, parse_bool, parse_choice, parse_log_level, parse_range, parse_retention};
+use parse::{
+    parse_bind, parse_bool, parse_choice, parse_log_level, parse_otlp_endpoint, parse_range,
+    parse_ratio, parse_retention, parse_service_name,
+};
 pub use secret::{REDACTED, Secret, redact_url};
 
 /// Where a setting's value came from.

@@ -106,6 +106,62 @@ pub(super) fn parse_log_level(key: &str, value: &str) -> Result<String, Settings
     Ok(value.to_string())
 }
 
+/// `tracing.otlp_endpoint`: empty (off), or an `http://` or `https://` base
+/// URL without credentials, query or fragment; `/v1/traces` is added to it.
+pub(super) fn parse_otlp_endpoint(key: &str, value: &str) -> Result<String, SettingsError> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(String::new());
+    }
+    let url = url::Url::parse(value).map_err(|e| {
+        invalid(
+            key,
+            format!("'{value}' is not a URL ({e}); write it like http://collector:4318"),
+        )
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(invalid(
+            key,
+            format!(
+                "'{value}' (expected http://HOST:PORT or https://HOST:PORT of an OTLP/HTTP receiver)"
+            ),
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid(key, "credentials do not belong in the URL"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid(
+            key,
+            format!("'{value}' (a base URL: no query or fragment; spans go to its /v1/traces)"),
+        ));
+    }
+    Ok(value.trim_end_matches('/').to_string())
+}
+
+/// `tracing.service_name`: 1 to 255 visible characters.
+pub(super) fn parse_service_name(key: &str, value: &str) -> Result<String, SettingsError> {
+    let value = value.trim();
+    if value.is_empty() || value.len() > 255 || value.chars().any(char::is_control) {
+        return Err(invalid(
+            key,
+            format!("'{value}' (expected 1 to 255 characters, no control characters)"),
+        ));
+    }
+    Ok(value.to_string())
+}
+
+/// A share from 0.0 to 1.0.
+pub(super) fn parse_ratio(key: &str, value: &str) -> Result<f64, SettingsError> {
+    match value.trim().parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(invalid(
+            key,
+            format!("'{value}' (expected a number from 0.0 to 1.0)"),
+        )),
+    }
+}
+
 /// Shortest bearer token accepted: 16 characters (a uuid without dashes has 32).
 pub const MIN_TOKEN_LEN: usize = 16;
 

@@ -57,6 +57,7 @@ pub(super) struct Metrics {
     pub(super) pending_timeouts: Family<Labels1, Gauge>,
     pub(super) overdue_orders: Family<Labels1, Gauge>,
     pub(super) oldest_overdue: Family<Labels1, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub(super) due_next: Family<Labels2, Gauge>,
     pub(super) database_up: Gauge,
     pub(super) broker_connected: Family<Labels1, Gauge>,
     pub(super) paused: Family<Labels1, Gauge>,
@@ -307,6 +308,12 @@ impl Metrics {
                 "oldest_overdue_seconds",
                 "How long ago the deadline of the oldest overdue order of the kind passed (0 when none is)",
                 Family::<Labels1, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
+            ),
+            due_next: registered(
+                &mut registry,
+                "due_next",
+                "Orders of the kind whose deadline falls within the next window (1m, 5m, 60m) by the database's clock, in the status the timeout acts on",
+                Family::<Labels2, Gauge>::default(),
             ),
             database_up: registered(
                 &mut registry,

@@ -15,8 +15,17 @@ mod timeouts;
 use metrics::Metrics;
 
 use crate::db::events::EVENTS;
-use crate::db::store::{Backlog, Outbox};
+use crate::db::store::{Backlog, DueAhead, Outbox};
 use crate::domain::{Action, Millis, OrderId, OrderKey, OrderStatus, TimeoutKind};
+
+/// The windows of the `due_next` gauge, shortest first, each with its label:
+/// the next minute (what is about to land), five (what an alert can still
+/// act on), an hour (what the dashboard plans with).
+pub const DUE_WINDOWS: [(&str, Duration); 3] = [
+    ("1m", Duration::from_secs(60)),
+    ("5m", Duration::from_secs(300)),
+    ("60m", Duration::from_secs(3600)),
+];
 
 /// The service's telemetry: each function logs one thing that happened and
 /// counts it.
@@ -257,9 +266,23 @@ impl Telemetry {
         }
     }
 
-    /// The order gauges were read: each kind's backlog (kinds that act on
-    /// nothing have no series).
-    pub fn backlog_read(&self, backlogs: &[(TimeoutKind, Backlog)]) {
+    /// The order gauges were read: each kind's backlog, and how many fall
+    /// due within each of [`DUE_WINDOWS`] (kinds that act on nothing have no
+    /// series).
+    pub fn backlog_read(
+        &self,
+        backlogs: &[(TimeoutKind, Backlog)],
+        ahead: &[(TimeoutKind, DueAhead)],
+    ) {
+        for (kind, due) in ahead {
+            for (window, n) in DUE_WINDOWS.iter().zip(&due.within) {
+                let label = [("kind", kind.as_str()), ("window", window.0)];
+                self.m
+                    .due_next
+                    .get_or_create(&label)
+                    .set(i64::try_from(*n).unwrap_or(i64::MAX));
+            }
+        }
         for (kind, backlog) in backlogs {
             let label = [("kind", kind.as_str())];
             let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -289,11 +312,12 @@ impl Telemetry {
         self.m.pending_timeouts.clear();
         self.m.overdue_orders.clear();
         self.m.oldest_overdue.clear();
+        self.m.due_next.clear();
         self.m.database_up.set(0);
         if !self.backlog_unreadable.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 error,
-                "cannot read the order gauges from the database; pending_timeouts, overdue_orders and oldest_overdue_seconds are withdrawn until it can"
+                "cannot read the order gauges from the database; pending_timeouts, overdue_orders, oldest_overdue_seconds and due_next are withdrawn until it can"
             );
         }
     }

@@ -43,6 +43,27 @@ fn metric_names(expr: &str) -> Vec<String> {
         .collect()
 }
 
+/// Each of our metrics in a PromQL expression with its label selector (empty
+/// when it has none).
+fn ours_selectors(expr: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("order_timeout_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let after = &tail[end..];
+        let selector = match after.strip_prefix('{') {
+            Some(labels) => labels.split('}').next().unwrap_or_default().to_string(),
+            None => String::new(),
+        };
+        found.push(selector);
+        rest = &tail[end..];
+    }
+    found
+}
+
 /// Every metric a dashboard query reads exists: ours in `ours` (the samples of
 /// `/metrics` after a full cycle), RabbitMQ's in its documented list and, when
 /// rabbitmq_prometheus runs here, in the broker's own exposition.
@@ -92,8 +113,9 @@ pub async fn check_dashboard_metrics(ours: &[(String, String, f64)]) {
 }
 
 /// The dashboard is a Grafana dashboard: JSON, a Prometheus datasource input,
-/// every panel with a query on that datasource, each of our metric families
-/// from the brief on it.
+/// every panel with a query on the `datasource` variable, every query of our
+/// metrics for `$job` and `$instance` and of RabbitMQ's queues for `$prefix`,
+/// each of our metric families from the brief on it.
 #[test]
 fn grafana_dashboard_is_well_formed() {
     let d = read_repo_json(DASHBOARD);
@@ -105,12 +127,45 @@ fn grafana_dashboard_is_well_formed() {
     for p in panels {
         assert!(ids.insert(p["id"].as_i64().unwrap()), "unique panel ids");
         assert!(p["title"].as_str().is_some_and(|t| !t.is_empty()));
-        assert_eq!(p["datasource"]["uid"], "${DS_PROMETHEUS}", "{}", p["title"]);
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
         assert!(
             !p["targets"].as_array().unwrap().is_empty(),
             "{}",
             p["title"]
         );
+        for t in p["targets"].as_array().unwrap() {
+            assert_eq!(t["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        }
+    }
+    // The variables, and no query with a name they stand for written out.
+    let variables: Vec<&str> = d["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(variables, ["datasource", "job", "instance", "prefix"]);
+    assert_eq!(d["templating"]["list"][0]["query"], "prometheus");
+    assert_eq!(d["templating"]["list"][3]["query"], "order.timeouts");
+    for expr in dashboard_queries(&d) {
+        assert!(
+            !expr.contains("order.timeouts"),
+            "the prefix is $prefix: {expr}"
+        );
+        for selector in ours_selectors(&expr) {
+            assert!(
+                selector.contains("job=~\"$job\"") && selector.contains("instance=~\"$instance\""),
+                "each of our metrics is read for $job and $instance: {expr}"
+            );
+        }
+        for name in metric_names(&expr) {
+            if name.starts_with("rabbitmq_") {
+                assert!(
+                    expr.contains("queue=~\"$prefix."),
+                    "RabbitMQ's queues by $prefix: {expr}"
+                );
+            }
+        }
     }
     let all = dashboard_queries(&d).join("\n");
     for family in [
@@ -128,11 +183,16 @@ fn grafana_dashboard_is_well_formed() {
         "order_timeout_pending_timeouts",
         "order_timeout_broker_connected",
         "order_timeout_database_up",
+        "order_timeout_due_next",
+        "order_timeout_events_backlog",
+        "order_timeout_events_oldest_age_seconds",
+        "order_timeout_events_set_aside",
         "rabbitmq_queue_messages_ready",
     ] {
         assert!(all.contains(family), "the dashboard shows {family}");
     }
     assert!(all.contains("histogram_quantile(0.5") && all.contains("histogram_quantile(0.99"));
-    assert!(all.contains("queue=~\"order.timeouts.level.*\""));
-    assert!(all.contains("queue=~\"order.timeouts.work.*\""));
+    assert!(all.contains("queue=~\"$prefix.level.*\""));
+    assert!(all.contains("queue=~\"$prefix.work.*\""));
+    assert!(all.contains("by (kind, window) (order_timeout_due_next"));
 }

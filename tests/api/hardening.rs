@@ -101,6 +101,7 @@ async fn large_batches_fit_the_database(backend: Backend) {
         &ids,
         Millis::now(),
         Cause::Timeout,
+        "hardening",
     )
     .await
     .expect("one batch of 200 orders over 14,000 SKUs");
@@ -562,6 +563,7 @@ async fn locks_follow_one_order(backend: Backend) {
                         &[order],
                         Millis::now(),
                         Cause::Timeout,
+                        "hardening",
                     )
                     .await
                     .map(|_| ())
@@ -604,6 +606,7 @@ async fn locks_follow_one_order(backend: Backend) {
                 &rest,
                 Millis::now(),
                 Cause::Timeout,
+                "hardening",
             )
             .await
         })

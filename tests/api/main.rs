@@ -68,6 +68,7 @@ mod core; // the core promises, every backend and delay mode
 mod cron; // beside a shop's cron job on its table; doctor's dry run of the first start
 mod cross_site; // what a web page may not make the API do: 415, 403, 421
 mod dashboard; // the Grafana dashboard's queries name real metrics
+mod deadlines; // the deadlines ahead, minute by minute: /admin/deadlines and due_next
 mod encodings; // x-delay: the type each publisher example sends, every integer type read
 mod events; // domain events: each committed transition told once, consumer examples
 mod examples; // publishers in other languages (Python, Node, curl)
@@ -93,7 +94,10 @@ mod routes; // the authorization matrix over every route, and every spelling of 
 mod settings; // the binary's contracts: settings, doctor, demo
 mod shared_pauses; // pauses kept in the database: across restarts and instances; per-instance pauses
 mod stages; // the delay stages on the real plugin, TTL and quorum queues
+mod story; // one order's whole story: GET /admin/orders/{id}, ctl order
 mod tls; // amqps:// end to end
 mod topology; // definitions, quorum queues, rabbitmq.conf
+mod tracing; // OpenTelemetry traces across the broker, to a real OTLP/HTTP receiver; off sends nothing
+mod ui; // the operator's page /ui, served open under its policy; /admin/overview
 mod upgrade; // the previous release and this one side by side (make test-upgrade)
 mod zones; // a mapped shop's time zone, and deadlines stored in whole seconds

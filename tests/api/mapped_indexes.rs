@@ -132,7 +132,9 @@ async fn the_planner_uses_the_index() {
     .await;
     let gauge = sent(&shop, &["COUNT(CASE WHEN \"create_time\" <= "]).await;
     let wake = sent(&shop, &["WHERE \"create_time\" >= "]).await;
-    for query in [&sweep, &wake] {
+    // The gauges' deadlines ahead: grouped by the minute, bounded on the column.
+    let ahead = sent(&shop, &["AS due_now FROM", "WHERE \"create_time\" < "]).await;
+    for query in [&sweep, &wake, &ahead] {
         // The select list may compute the deadline; the conditions may not.
         let (_, conditions) = query.split_once(" WHERE ").unwrap();
         assert!(
@@ -188,6 +190,7 @@ async fn the_planner_uses_the_index() {
         ("sweeper", &sweep, &[PAYMENT_INDEX][..]),
         ("wake", &wake, &[PAYMENT_INDEX]),
         ("gauge", &gauge, &[PAYMENT_INDEX, RECEIPT_INDEX]),
+        ("deadlines ahead", &ahead, &[PAYMENT_INDEX]),
     ] {
         let after = plan(&shop, query).await;
         assert!(
@@ -195,6 +198,14 @@ async fn the_planner_uses_the_index() {
             "the {what}'s read does not use {indexes:?}:\n{query}\n{after}"
         );
     }
+    // The deadlines ahead are a range of the index, not the whole status.
+    let after = plan(&shop, &ahead).await;
+    assert!(
+        after
+            .lines()
+            .any(|l| l.contains("Index Cond") && l.contains("create_time <")),
+        "the deadlines ahead read a range of the index:\n{ahead}\n{after}"
+    );
 }
 
 /// A partial index on the deadline's column, holding only the kind's

@@ -380,7 +380,34 @@ fn assert_counters_match_the_cycle(s: &[(String, String, f64)]) {
         eq("order_timeout_pending_timeouts", &[&label], pending);
         eq("order_timeout_overdue_orders", &[&label], 0.0);
         eq("order_timeout_oldest_overdue_seconds", &[&label], 0.0);
+        // Falling due within a window: within every longer one too, and
+        // never more than wait.
+        let due = |window: &str| {
+            sum(
+                s,
+                "order_timeout_due_next",
+                &[&label, &format!("window=\"{window}\"")],
+            )
+        };
+        assert!(
+            due("1m") <= due("5m") && due("5m") <= due("60m") && due("60m") <= pending,
+            "{kind}: due_next 1m {} 5m {} 60m {}, {pending} pending",
+            due("1m"),
+            due("5m"),
+            due("60m")
+        );
     }
+    // The far order's hour-long window ends within the next 60 minutes, not 5.
+    eq(
+        "order_timeout_due_next",
+        &["kind=\"payment\"", "window=\"60m\""],
+        1.0,
+    );
+    eq(
+        "order_timeout_due_next",
+        &["kind=\"payment\"", "window=\"5m\""],
+        0.0,
+    );
 }
 
 /// Deliveries through each queue, consumer pauses, and each broker role's

@@ -38,6 +38,9 @@ async fn openapi_document_matches_what_the_api_does() {
     }
     documented.sort();
     let expected: Vec<(String, String)> = [
+        ("GET", "/admin/deadlines"),
+        ("GET", "/admin/orders/{id}"),
+        ("GET", "/admin/overview"),
         ("GET", "/admin/status"),
         ("GET", "/healthz"),
         ("GET", "/inventory/{sku}"),
@@ -175,6 +178,25 @@ async fn openapi_document_matches_what_the_api_does() {
         ("GET", "/readyz", "/readyz".into(), None),
         ("GET", "/metrics", "/metrics".into(), None),
         ("GET", "/admin/status", "/admin/status".into(), None),
+        ("GET", "/admin/overview", "/admin/overview".into(), None),
+        (
+            "GET",
+            "/admin/orders/{id}",
+            format!("/admin/orders/{order}"),
+            None,
+        ),
+        (
+            "GET",
+            "/admin/orders/{id}",
+            "/admin/orders/abc".into(),
+            None,
+        ),
+        (
+            "GET",
+            "/admin/orders/{id}",
+            "/admin/orders/999999".into(),
+            None,
+        ),
         (
             "POST",
             "/admin/pause/{role}",
@@ -224,6 +246,25 @@ async fn openapi_document_matches_what_the_api_does() {
             None,
         ),
         ("POST", "/admin/reload", "/admin/reload".into(), None),
+        ("GET", "/admin/deadlines", "/admin/deadlines".into(), None),
+        (
+            "GET",
+            "/admin/deadlines",
+            "/admin/deadlines?kind=payment&next=10m".into(),
+            None,
+        ),
+        (
+            "GET",
+            "/admin/deadlines",
+            "/admin/deadlines?kind=refund".into(),
+            None,
+        ),
+        (
+            "GET",
+            "/admin/deadlines",
+            "/admin/deadlines?next=2d".into(),
+            None,
+        ),
     ];
     // Each call with the admin token, then without one (401 where the
     // document says a token is needed; the same answer elsewhere).

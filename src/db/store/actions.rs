@@ -89,7 +89,7 @@ async fn applied(
         enqueue(&txn, id, kind, deadline, now).await?;
     }
     let (from, to) = (Some(e.from), e.to);
-    let lines = record(&txn, &[id], e.event, from, to, Cause::Api, now, None).await?;
+    let lines = record(&txn, &[id], e.event, from, to, Cause::Api, now, None, None).await?;
     move_edge_stock(&txn, &e, &[id], &lines, now).await?;
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
     txn.commit().await?;
@@ -110,7 +110,7 @@ async fn refused(
     let (from, to) = action.edge();
     // The timeout this action races may not have acted yet: it acts first.
     if let Some(races) = edge(Trigger::Action(action)).within {
-        apply_expiry(&txn, races, &[id], now, Cause::Timeout).await?;
+        apply_expiry(&txn, races, &[id], now, Cause::Timeout, None).await?;
     }
     let late_payment = action == Action::Pay && first_late_payment(&txn, id, now).await?;
     let order = load(&txn, id).await?.ok_or(TransitionError::NotFound(id))?;
@@ -133,6 +133,7 @@ async fn refused(
             Cause::Api,
             now,
             Some(&detail),
+            None,
         )
         .await?;
         format!("the payment window closed at {closed}; a refund is due if money was taken")

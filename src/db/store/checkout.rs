@@ -107,7 +107,7 @@ async fn place_at_once<C: ConnectionTrait>(
     let (before, after) = told(CREATED, None, pending, Cause::Api, now)
         .body_around_id()
         .ok_or_else(|| DbErr::Custom("the created event's body has no place for its id".into()))?;
-    // `$1` to `$10`, as the statement numbers them; then the lines.
+    // `$1` to `$11`, as the statement numbers them; then the lines.
     let mut values: Vec<sea_orm::Value> = vec![
         now.0.into(),
         deadline.0.into(),
@@ -119,6 +119,8 @@ async fn place_at_once<C: ConnectionTrait>(
         after.into(),
         Cause::Api.as_str().into(),
         (items.len() as i64).into(),
+        // The checkout's span, which the relays' publishes continue (null: traces off).
+        crate::traces::current().into(),
     ];
     let first = values.len() + 1;
     for item in &items {
@@ -179,10 +181,10 @@ fn one_statement(first: usize, lines: usize) -> String {
            SELECT $3, $2, $1, 0, $1 WHERE (SELECT count(*) FROM r) = $10 RETURNING id), \
          i AS (INSERT INTO order_items (order_id, sku, quantity) \
            SELECT o.id, line.sku, line.quantity FROM o, line), \
-         b AS (INSERT INTO outbox (order_id, kind, due_at_ms, created_at_ms, attempts) \
-           SELECT id, $4, $2, $1, 0 FROM o), \
-         e AS (INSERT INTO order_timeout_events (message_id, order_id, event, body, created_at_ms, attempts) \
-           SELECT $5, id::text, $6, $7 || id::text || $8, $1, 0 FROM o), \
+         b AS (INSERT INTO outbox (order_id, kind, due_at_ms, created_at_ms, attempts, trace_context) \
+           SELECT id, $4, $2, $1, 0, $11::varchar FROM o), \
+         e AS (INSERT INTO order_timeout_events (message_id, order_id, event, body, created_at_ms, attempts, trace_context) \
+           SELECT $5, id::text, $6, $7 || id::text || $8, $1, 0, $11::varchar FROM o), \
          a AS (INSERT INTO order_events (order_id, event, from_status, to_status, cause, at_ms) \
            SELECT id, $6, NULL, $3, $9, $1 FROM o) \
          SELECT (SELECT id FROM o) AS id, \
@@ -228,7 +230,18 @@ async fn place_in_steps(
     .exec_without_returning(txn)
     .await?;
     enqueue(txn, id, TimeoutKind::Payment, deadline, now).await?;
-    record(txn, &[id], CREATED, None, pending, Cause::Api, now, None).await?;
+    record(
+        txn,
+        &[id],
+        CREATED,
+        None,
+        pending,
+        Cause::Api,
+        now,
+        None,
+        None,
+    )
+    .await?;
     Ok(Ok(new_order(id, items, deadline, now)))
 }
 
@@ -428,6 +441,8 @@ pub(super) async fn enqueue(
         due_at_ms: Set(due.0),
         created_at_ms: Set(now.0),
         attempts: Set(0),
+        // The checkout's span, which the relay's publish continues.
+        trace_context: Set(crate::traces::current()),
         ..Default::default()
     })
     .exec_without_returning(txn)

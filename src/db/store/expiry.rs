@@ -8,16 +8,18 @@ use sea_orm::sea_query::Asterisk;
 use super::*;
 
 /// Applies the timeout of `kind` to each order whose deadline has passed by
-/// `now`, in one transaction, and says for every id what it found.
+/// `now`, in one transaction, and says for every id what it found. The
+/// audit rows name `instance` as the one that applied it.
 pub async fn expire(
     db: &DatabaseConnection,
     kind: TimeoutKind,
     ids: &[OrderId],
     now: Millis,
     cause: Cause,
+    instance: &str,
 ) -> Result<HashMap<OrderId, ExpiryOutcome>, DbErr> {
     let txn = db.begin().await?;
-    let applied = apply_expiry(&txn, kind, ids, now, cause).await?;
+    let applied = apply_expiry(&txn, kind, ids, now, cause, Some(instance)).await?;
     let mut outcomes: HashMap<OrderId, ExpiryOutcome> = applied
         .into_iter()
         .map(|(id, deadline)| (id, ExpiryOutcome::Applied { deadline }))
@@ -108,21 +110,29 @@ pub async fn applied_earlier(
 /// constraint refuses); when this fails too, the database is (away, a table
 /// renamed, a migration half done), and nothing is to be given up.
 pub async fn probe(db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {
-    expire(db, kind, &[OrderId::new(0)], Millis::now(), Cause::Timeout)
-        .await
-        .map(|_| ())
+    expire(
+        db,
+        kind,
+        &[OrderId::new(0)],
+        Millis::now(),
+        Cause::Timeout,
+        // No order has id 0: no audit row names an instance.
+        "",
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Whether a flag-only timeout has not flagged the order yet (always, for
 /// one that moves it).
-fn not_flagged(kind: TimeoutKind, order: &orders::Model) -> bool {
+pub(super) fn not_flagged(kind: TimeoutKind, order: &orders::Model) -> bool {
     let e = kind.edge();
     !e.flag_only || matches!(order.get(column(e.stamps)), sea_orm::Value::BigInt(None))
 }
 
 /// The sweeper's and the gauges' condition on top of the status: a
 /// flag-only timeout leaves the orders it flagged alone.
-fn unflagged<Q: QueryFilter>(kind: TimeoutKind, query: Q) -> Q {
+pub(super) fn unflagged<Q: QueryFilter>(kind: TimeoutKind, query: Q) -> Q {
     let e = kind.edge();
     if e.flag_only {
         query.filter(column(e.stamps).is_null())
@@ -132,7 +142,8 @@ fn unflagged<Q: QueryFilter>(kind: TimeoutKind, query: Q) -> Q {
 }
 
 /// The conditional update of a timeout, its side effects (its edge's stock
-/// move) and its audit rows. Returns the ids it changed with their
+/// move) and its audit rows, which say how late it was and, when known,
+/// the `instance` that applied it. Returns the ids it changed with their
 /// deadlines.
 pub(super) async fn apply_expiry(
     txn: &DatabaseTransaction,
@@ -140,6 +151,7 @@ pub(super) async fn apply_expiry(
     ids: &[OrderId],
     now: Millis,
     cause: Cause,
+    instance: Option<&str>,
 ) -> Result<Vec<(OrderId, Millis)>, DbErr> {
     if ids.is_empty() {
         return Ok(Vec::new());
@@ -162,7 +174,23 @@ pub(super) async fn apply_expiry(
     // A cancel's lines are read once, for its events and its stock release;
     // the stock rows, which every concurrent batch also wants, are locked
     // last, so that they are held for the shortest time.
-    let lines = record(txn, &changed, event, from, to, cause, now, None).await?;
+    let deadlines: HashMap<OrderId, Millis> = applied.iter().copied().collect();
+    let stamp = Applied {
+        deadlines: &deadlines,
+        instance,
+    };
+    let lines = record(
+        txn,
+        &changed,
+        event,
+        from,
+        to,
+        cause,
+        now,
+        None,
+        Some(stamp),
+    )
+    .await?;
     move_edge_stock(txn, &kind.edge(), &changed, &lines, now).await?;
     Ok(applied)
 }

@@ -32,6 +32,7 @@ use crate::domain::{Edge, Millis, OrderId, OrderStatus, StockMove, TimeoutKind};
 use crate::settings::Windows;
 
 mod actions;
+mod ahead;
 mod checkout;
 mod expiry;
 mod publishing;
@@ -40,6 +41,7 @@ mod retention;
 mod stock;
 
 pub use actions::{Deadline, act, act_during};
+pub use ahead::{DueAhead, MINUTE_MS, OVERDUE_BAND, due_ahead};
 use checkout::enqueue;
 pub use checkout::{checkout, delete_expired_keys};
 use expiry::apply_expiry;
@@ -49,7 +51,7 @@ pub use publishing::{
     outbox_delete, outbox_refused, outbox_release, outbox_set_aside,
 };
 use reads::load;
-pub use reads::{audit, get_order};
+pub use reads::{OrderStory, audit, get_order, story};
 pub use retention::delete_old_audit;
 use stock::{Stock, lock_orders, lock_stock, move_lines, move_stock, order_lines};
 pub use stock::{get_stock, put_stock};
@@ -324,9 +326,22 @@ fn parse_status(raw: &str) -> Result<OrderStatus, DbErr> {
         .map_err(|e: String| DbErr::Custom(format!("corrupt order row: {e}")))
 }
 
+/// What a timeout's audit rows say beyond the transition: each order's
+/// deadline (its lateness is the transition's time minus it, both by the
+/// database's clock) and the instance that applied it (none when a
+/// client's request found the deadline passed).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Applied<'a> {
+    /// The deadline each order's transition was for.
+    pub deadlines: &'a HashMap<OrderId, Millis>,
+    /// `amqp.instance` of the instance that applied it.
+    pub instance: Option<&'a str>,
+}
+
 /// Writes the audit rows of a transition (or a late payment) and appends its
 /// domain events, in the caller's transaction: the events exist exactly when
-/// the change commits. A cancel's events say what stock it released (the
+/// the change commits. A timeout's rows also say how late and by whom
+/// (`applied`). A cancel's events say what stock it released (the
 /// orders' lines, read here, one query per chunk of orders); those lines are
 /// returned, for the caller's stock move (empty for anything but a cancel).
 #[allow(clippy::too_many_arguments)]
@@ -339,6 +354,7 @@ async fn record(
     cause: Cause,
     now: Millis,
     detail: Option<&str>,
+    applied: Option<Applied<'_>>,
 ) -> Result<Vec<order_items::Model>, DbErr> {
     if ids.is_empty() {
         return Ok(Vec::new());
@@ -355,6 +371,12 @@ async fn record(
             cause: Set(cause.as_str().to_string()),
             at_ms: Set(now.0),
             detail: Set(detail.map(|d| crate::domain::truncate(d, 250))),
+            late_ms: Set(applied
+                .and_then(|a| a.deadlines.get(id))
+                .map(|deadline| now.0 - deadline.0)),
+            instance: Set(applied
+                .and_then(|a| a.instance)
+                .map(|i| crate::domain::truncate(i, 255))),
             ..Default::default()
         });
         order_events::Entity::insert_many(rows)

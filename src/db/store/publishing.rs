@@ -15,6 +15,16 @@ pub enum Outbox {
     Events,
 }
 
+impl Outbox {
+    /// The table's name, as spans and logs say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeouts => "outbox",
+            Self::Events => "order_timeout_events",
+        }
+    }
+}
+
 /// A table the relay publishes from: its rows are claimed, published, then
 /// deleted, refused or set aside, all through the columns named here.
 pub trait Relayed: EntityTrait {

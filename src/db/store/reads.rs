@@ -76,3 +76,54 @@ pub(super) fn order_from(o: orders::Model, items: Vec<Item>) -> Result<Order, Db
         audit: None,
     })
 }
+
+/// One order's deadlines, audit trail and the timeouts still ahead of it at
+/// `now` (the database's clock), for its story; `None` when there is no
+/// such order.
+pub async fn story(
+    db: &DatabaseConnection,
+    id: OrderId,
+    now: Millis,
+) -> Result<Option<OrderStory>, DbErr> {
+    let Some(row) = orders::Entity::find_by_id(id.get()).one(db).await? else {
+        return Ok(None);
+    };
+    let status = parse_status(&row.status)?;
+    let deadlines: Vec<(TimeoutKind, Millis)> = TimeoutKind::ALL
+        .into_iter()
+        .filter_map(|kind| Some((kind, deadline_of(kind, &row)?)))
+        .collect();
+    // The condition a timeout acts on, as `expire` reads it: in its status,
+    // not flagged yet; here only those not due yet.
+    let waiting = deadlines
+        .iter()
+        .copied()
+        .filter(|(kind, at)| {
+            status == kind.acts_on() && *at > now && expiry::not_flagged(*kind, &row)
+        })
+        .collect();
+    let trail = order_events::Entity::find()
+        .filter(order_events::Column::OrderId.eq(id.get()))
+        .order_by_asc(order_events::Column::Id)
+        .all(db)
+        .await?;
+    Ok(Some(OrderStory {
+        status,
+        deadlines,
+        waiting,
+        trail,
+    }))
+}
+
+/// What [`story`] read of one order.
+#[derive(Debug, Clone)]
+pub struct OrderStory {
+    /// Its status.
+    pub status: OrderStatus,
+    /// The deadline of each kind it has one for.
+    pub deadlines: Vec<(TimeoutKind, Millis)>,
+    /// The timeouts still ahead for its status, with their deadlines.
+    pub waiting: Vec<(TimeoutKind, Millis)>,
+    /// Its audit rows, oldest first.
+    pub trail: Vec<order_events::Model>,
+}

@@ -140,9 +140,16 @@ async fn a_timeout_applies_once_and_only_after_the_deadline() {
     let order = checkout(&db, &[line("A", 2)], Duration::from_secs(1), now, None)
         .await
         .unwrap();
-    let early = expire(&db, TimeoutKind::Payment, &[order.id], now, Cause::Timeout)
-        .await
-        .unwrap();
+    let early = expire(
+        &db,
+        TimeoutKind::Payment,
+        &[order.id],
+        now,
+        Cause::Timeout,
+        "test-1",
+    )
+    .await
+    .unwrap();
     assert_eq!(
         early[&order.id],
         ExpiryOutcome::NotDue {
@@ -150,13 +157,27 @@ async fn a_timeout_applies_once_and_only_after_the_deadline() {
         }
     );
     let due = Millis(1_001_000);
-    let first = expire(&db, TimeoutKind::Payment, &[order.id], due, Cause::Timeout)
-        .await
-        .unwrap();
+    let first = expire(
+        &db,
+        TimeoutKind::Payment,
+        &[order.id],
+        due,
+        Cause::Timeout,
+        "test-1",
+    )
+    .await
+    .unwrap();
     assert_eq!(first[&order.id], ExpiryOutcome::Applied { deadline: due });
-    let again = expire(&db, TimeoutKind::Payment, &[order.id], due, Cause::Timeout)
-        .await
-        .unwrap();
+    let again = expire(
+        &db,
+        TimeoutKind::Payment,
+        &[order.id],
+        due,
+        Cause::Timeout,
+        "test-1",
+    )
+    .await
+    .unwrap();
     assert_eq!(
         again[&order.id],
         ExpiryOutcome::Inapplicable {
@@ -165,9 +186,16 @@ async fn a_timeout_applies_once_and_only_after_the_deadline() {
     );
     assert_eq!(stock(&db, "A").await, (5, 0, 0), "released once");
     let unknown = OrderId::new(order.id.get() + 1);
-    let missing = expire(&db, TimeoutKind::Payment, &[unknown], due, Cause::Timeout)
-        .await
-        .unwrap();
+    let missing = expire(
+        &db,
+        TimeoutKind::Payment,
+        &[unknown],
+        due,
+        Cause::Timeout,
+        "test-1",
+    )
+    .await
+    .unwrap();
     assert_eq!(missing[&unknown], ExpiryOutcome::NotFound);
     let audit = get_order(&db, order.id, true)
         .await
@@ -247,6 +275,7 @@ async fn with_payment_timeouts_paused_a_late_payment_is_taken() {
         &[order.id],
         Millis(1_003_000),
         Cause::Timeout,
+        "test-1",
     )
     .await
     .unwrap();
@@ -399,9 +428,16 @@ async fn every_committed_transition_appends_its_event_and_nothing_else_does() {
             .is_err()
     );
     let due = Millis(1_001_000);
-    expire(&db, TimeoutKind::Payment, &[lapsed.id], due, Cause::Timeout)
-        .await
-        .unwrap();
+    expire(
+        &db,
+        TimeoutKind::Payment,
+        &[lapsed.id],
+        due,
+        Cause::Timeout,
+        "test-1",
+    )
+    .await
+    .unwrap();
     // The late payment is told once; its retry is a plain conflict.
     for _ in 0..2 {
         assert!(
@@ -482,6 +518,7 @@ async fn a_batch_of_cancels_tells_each_order_what_it_released() {
         &all,
         Millis(1_001_000),
         Cause::Sweeper,
+        "test-1",
     )
     .await
     .unwrap();
@@ -612,6 +649,7 @@ async fn backlog_counts_what_waits_and_what_is_overdue() {
         &ids[..1],
         Millis(1_004_500),
         Cause::Sweeper,
+        "test-1",
     )
     .await
     .unwrap();
@@ -917,4 +955,80 @@ async fn racing_checkouts_sell_the_stock_once(db: &DatabaseConnection) {
         ((0, 7, 0), (86, 14, 0))
     );
     assert_eq!(written(db).await, [7, 14, 7, 7, 7]);
+}
+
+#[tokio::test]
+async fn a_story_says_what_waits_and_how_late_each_timeout_was_applied() {
+    let db = db().await;
+    let now = Millis(1_000_000);
+    put_stock(&db, "A", 5, now).await.unwrap();
+    let paid = checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+        .await
+        .unwrap();
+    act(&db, paid.id, Action::Pay, &windows(), Millis(1_000_500))
+        .await
+        .unwrap();
+    let ship_by = Millis(1_060_500);
+    let told = story(&db, paid.id, Millis(1_001_000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(told.status, OrderStatus::Paid);
+    assert_eq!(
+        told.deadlines,
+        [
+            (TimeoutKind::Payment, Millis(1_001_000)),
+            (TimeoutKind::Fulfillment, ship_by)
+        ]
+    );
+    assert_eq!(told.waiting, [(TimeoutKind::Fulfillment, ship_by)]);
+    // Flagged 700 ms late: nothing waits any more, though the status stays.
+    expire(
+        &db,
+        TimeoutKind::Fulfillment,
+        &[paid.id],
+        Millis(1_061_200),
+        Cause::Sweeper,
+        "shop-1",
+    )
+    .await
+    .unwrap();
+    let told = story(&db, paid.id, Millis(1_061_300))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(told.status, OrderStatus::Paid);
+    assert!(told.waiting.is_empty(), "{told:?}");
+    let flagged = told.trail.last().unwrap();
+    assert_eq!(flagged.event, "fulfillment_overdue");
+    assert_eq!(
+        (flagged.late_ms, flagged.instance.as_deref()),
+        (Some(700), Some("shop-1"))
+    );
+    // A client's action records neither.
+    let paying = &told.trail[1];
+    assert_eq!((paying.late_ms, paying.instance.as_deref()), (None, None));
+
+    // A payment after the deadline applies the timeout first, in the
+    // request: its lateness is recorded, no instance.
+    let late = checkout(&db, &[line("A", 1)], Duration::from_secs(1), now, None)
+        .await
+        .unwrap();
+    let refused = act(&db, late.id, Action::Pay, &windows(), Millis(1_001_250)).await;
+    assert!(matches!(refused, Err(TransitionError::Conflict { .. })));
+    let told = story(&db, late.id, Millis(1_001_300))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(told.status, OrderStatus::Cancelled);
+    let cancel = told
+        .trail
+        .iter()
+        .find(|row| row.event == "cancelled")
+        .unwrap();
+    assert_eq!(
+        (cancel.late_ms, cancel.instance.as_deref()),
+        (Some(250), None)
+    );
+    assert!(story(&db, OrderId::new(999), now).await.unwrap().is_none());
 }

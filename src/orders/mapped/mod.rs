@@ -28,6 +28,7 @@ mod record;
 mod schema;
 pub mod sql;
 mod stock;
+mod story;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -272,6 +273,7 @@ impl Mapped {
         keys: &[OrderKey],
         now: Millis,
         cause: Cause,
+        instance: &str,
     ) -> Result<HashMap<OrderKey, ExpiryOutcome>, DbErr> {
         let Some(k) = self.kind(kind) else {
             let unmapped = ExpiryOutcome::Inapplicable {
@@ -308,7 +310,15 @@ impl Mapped {
         } else {
             HashMap::new()
         };
-        self.record(&txn, kind, k, &applied, &released, cause, now)
+        // Each with the deadline its row read, for the audit's lateness.
+        let applied: Vec<(OrderKey, Option<Millis>)> = applied
+            .into_iter()
+            .map(|key| match outcomes.get(&key) {
+                Some(ExpiryOutcome::Applied { deadline }) => (key, Some(*deadline)),
+                _ => (key, None),
+            })
+            .collect();
+        self.record(&txn, kind, k, &applied, &released, cause, now, instance)
             .await?;
         txn.commit().await?;
         Ok(outcomes)
@@ -374,7 +384,8 @@ impl Mapped {
     /// statements as [`expire`](Self::expire), for an id no order has.
     pub async fn probe(&self, db: &DatabaseConnection, kind: TimeoutKind) -> Result<(), DbErr> {
         let key = self.probe_key();
-        self.expire(db, kind, &[key], Millis::now(), Cause::Timeout)
+        // An id no shop uses: no audit row names an instance.
+        self.expire(db, kind, &[key], Millis::now(), Cause::Timeout, "")
             .await
             .map(|_| ())
     }

@@ -8,7 +8,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement};
 
 use super::sql::{self, Dialect, Sql, Ty};
 use super::{Mapped, Newest};
-use crate::db::store::Backlog;
+use crate::db::store::{Backlog, DueAhead, MINUTE_MS, OVERDUE_BAND};
 use crate::domain::{MAX_ORDER_KEY_BYTES, Millis, OrderKey, TimeoutKind};
 use crate::orders::{Cursor, OverduePage};
 
@@ -185,6 +185,67 @@ impl Mapped {
             None => None,
         };
         Ok(until.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
+    }
+
+    /// How many orders of `kind` fall due within each of `horizons`
+    /// (ascending; the last bounds the read) by the database's clock in the
+    /// shop's zone, minute by minute, and how many are overdue already;
+    /// `None` when the mapping has no such kind. One `GROUP BY` over the
+    /// band and the minute; the rows are found by the status and a bound on
+    /// the bare column, which an index on both serves (see
+    /// [`Mapped::indexes`]).
+    pub async fn due_ahead(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+        horizons: &[Duration],
+    ) -> Result<Option<DueAhead>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(None);
+        };
+        let Some(longest) = horizons.last() else {
+            return Ok(Some(DueAhead::default()));
+        };
+        let d = self.dialect;
+        let clock = self.clock.now(&k.deadline_ty);
+        // Milliseconds until each deadline, and the clock's own instant: the
+        // deadline's instant is their sum, whatever zone the column is in.
+        let until = "due_in";
+        let mut band = format!("CASE WHEN {until} < 0 THEN {OVERDUE_BAND}");
+        for (i, horizon) in horizons.iter().enumerate() {
+            band.push_str(&format!(" WHEN {until} < {} THEN {i}", horizon.as_millis()));
+        }
+        band.push_str(" END");
+        let at = format!("(due_now + {until})");
+        // Overdue orders share one group, as in the service's own tables.
+        let minute = format!("CASE WHEN {until} < 0 THEN 0 ELSE {at} - {at} % {MINUTE_MS} END");
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {}, {}, {} FROM (SELECT {} AS {until}, {} AS due_now FROM {} WHERE {} AND {} = ",
+            d.as_bigint(&band),
+            d.as_bigint(&minute),
+            d.as_bigint("COUNT(*)"),
+            d.millis_until(&k.deadline(d), &clock),
+            d.epoch_ms_now(),
+            self.table,
+            sql::before(d, &k.column, k.after_ms, longest.as_millis(), &clock),
+            self.status
+        ))
+        .bind(k.from.clone());
+        sql.push(&k.unflagged());
+        sql.push(") AS ahead GROUP BY 1, 2");
+        let rows = db.query_all_raw(sql.build()).await?;
+        let rows = rows
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.try_get_by_index::<i64>(0)?,
+                    row.try_get_by_index::<i64>(1)?,
+                    row.try_get_by_index::<i64>(2)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, DbErr>>()?;
+        Ok(Some(DueAhead::from_rows(horizons.len(), rows)))
     }
 
     /// The newest value of `kind`'s `since_column` in the whole table, against

@@ -13,18 +13,21 @@ use crate::db::store::{Cause, LIST_CHUNK};
 use crate::domain::{Millis, OrderKey, StockMove, TimeoutKind};
 
 impl Mapped {
-    /// Audit rows and events for the orders a timeout of `kind` changed;
-    /// `released` is what each cancelled order gave back by the stock mapping.
+    /// Audit rows and events for the orders a timeout of `kind` changed,
+    /// each with its deadline; `released` is what each cancelled order gave
+    /// back by the stock mapping. A row says how late (`now` minus the
+    /// deadline, both by the database's clock) and which `instance` applied it.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn record(
         &self,
         txn: &DatabaseTransaction,
         kind: TimeoutKind,
         k: &KindSql,
-        changed: &[OrderKey],
+        changed: &[(OrderKey, Option<Millis>)],
         released: &HashMap<OrderKey, Vec<(String, i64)>>,
         cause: Cause,
         now: Millis,
+        instance: &str,
     ) -> Result<(), DbErr> {
         let event = kind.edge().event;
         let to = match &k.target {
@@ -35,9 +38,10 @@ impl Mapped {
             let mut sql = Sql::new(self.dialect);
             sql.push(
                 "INSERT INTO order_timeout_audit \
-                 (order_id, event, from_status, to_status, cause, at_ms) VALUES ",
+                 (order_id, event, from_status, to_status, cause, at_ms, late_ms, instance) \
+                 VALUES ",
             );
-            for (i, key) in chunk.iter().enumerate() {
+            for (i, (key, deadline)) in chunk.iter().enumerate() {
                 sql.push(if i == 0 { "(" } else { ", (" });
                 for (j, value) in [
                     Value::from(key.as_str()),
@@ -46,6 +50,8 @@ impl Mapped {
                     Value::from(to.as_str()),
                     Value::from(cause.as_str()),
                     Value::from(now.0),
+                    Value::from(deadline.map(|d| now.0 - d.0)),
+                    Value::from(crate::domain::truncate(instance, 255)),
                 ]
                 .into_iter()
                 .enumerate()
@@ -61,7 +67,7 @@ impl Mapped {
         }
         let domain: Vec<DomainEvent> = changed
             .iter()
-            .map(|key| DomainEvent {
+            .map(|(key, _)| DomainEvent {
                 order_id: key.as_str().to_string(),
                 event: event.to_string(),
                 cause: cause.as_str().to_string(),

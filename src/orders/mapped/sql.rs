@@ -69,6 +69,22 @@ impl Dialect {
         }
     }
 
+    /// The statement's clock as whole milliseconds since the Unix epoch, a
+    /// BIGINT: the same instant as every [`Clock::now`] of the statement
+    /// (PostgreSQL's `CURRENT_TIMESTAMP` and MySQL's `NOW()` and
+    /// `UTC_TIMESTAMP()` are fixed for a statement).
+    pub fn epoch_ms_now(self) -> String {
+        match self {
+            Self::Postgres => {
+                "CAST(FLOOR(EXTRACT(EPOCH FROM CURRENT_TIMESTAMP) * 1000) AS BIGINT)".to_string()
+            }
+            Self::MySql => {
+                "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)"
+                    .to_string()
+            }
+        }
+    }
+
     /// A column read as text (ids and statuses of any type come back as the
     /// wire and the settings spell them).
     pub fn as_text(self, expr: &str) -> String {
@@ -172,6 +188,22 @@ pub fn at_or_after(dialect: Dialect, column: &str, ms: u128, now: &str) -> Strin
     match ms {
         0 => format!("{column} >= {now}"),
         ms => format!("{column} >= {now} - {}", dialect.interval_ms(ms)),
+    }
+}
+
+/// `column + after_ms < now + ahead_ms`, written on the bare column as
+/// `column < now ± interval`, for the same reason as [`at_or_before`].
+pub fn before(dialect: Dialect, column: &str, after_ms: u128, ahead_ms: u128, now: &str) -> String {
+    if ahead_ms >= after_ms {
+        match ahead_ms - after_ms {
+            0 => format!("{column} < {now}"),
+            ms => format!("{column} < {now} + {}", dialect.interval_ms(ms)),
+        }
+    } else {
+        format!(
+            "{column} < {now} - {}",
+            dialect.interval_ms(after_ms - ahead_ms)
+        )
     }
 }
 
@@ -393,6 +425,16 @@ mod tests {
             "`create_time` <= NOW(3) - INTERVAL 3601000000 MICROSECOND"
         );
         assert_eq!(at_or_after(my, "`c`", 0, "NOW(3)"), "`c` >= NOW(3)");
+        assert_eq!(
+            before(pg, "\"c\"", 1_000, 3_600_000, "CURRENT_TIMESTAMP"),
+            "\"c\" < CURRENT_TIMESTAMP + INTERVAL '3599000 milliseconds'"
+        );
+        assert_eq!(
+            before(my, "`c`", 1_801_000, 60_000, "NOW(3)"),
+            "`c` < NOW(3) - INTERVAL 1741000000 MICROSECOND"
+        );
+        assert_eq!(before(my, "`c`", 0, 0, "NOW(3)"), "`c` < NOW(3)");
+
         assert_eq!(
             at_or_after(pg, "\"c\"", 250, "CURRENT_TIMESTAMP"),
             "\"c\" >= CURRENT_TIMESTAMP - INTERVAL '250 milliseconds'"

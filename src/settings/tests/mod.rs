@@ -113,12 +113,34 @@ fn defaults_load_and_each_layer_wins_over_the_one_before() {
 }
 
 #[test]
+fn tracing_is_off_by_default_and_its_endpoint_is_a_base_url() {
+    let defaults = load(&[]).unwrap();
+    assert_eq!(defaults.tracing.otlp_endpoint, "");
+    assert_eq!(defaults.tracing.service_name, "order-timeout");
+    assert_eq!(defaults.tracing.sample_ratio, 1.0);
+    let s = load(&[
+        ("tracing.otlp_endpoint", "http://collector:4318/"),
+        ("tracing.sample_ratio", "0.25"),
+    ])
+    .unwrap();
+    assert_eq!(s.tracing.otlp_endpoint, "http://collector:4318");
+    assert_eq!(s.tracing.sample_ratio, 0.25);
+}
+
+#[test]
 fn wrong_values_are_refused_naming_their_key_never_a_secret() {
     refuses(
         &[],
         &[
             "amqp.delay_mode = fast => amqp.delay_mode: (expected auto, plugin, ttl or native)",
             "log.format = xml => log.format: (expected pretty or json)",
+            "tracing.otlp_endpoint = collector:4318 => tracing.otlp_endpoint: expected http://HOST:PORT",
+            "tracing.otlp_endpoint = grpc://collector:4317 => tracing.otlp_endpoint: expected http://HOST:PORT",
+            "tracing.otlp_endpoint = http://u:hunter2@collector:4318 => tracing.otlp_endpoint: credentials do not belong",
+            "tracing.otlp_endpoint = http://collector:4318/?x=1 => tracing.otlp_endpoint: no query",
+            "tracing.sample_ratio = 1.5 => tracing.sample_ratio: from 0.0 to 1.0",
+            "tracing.sample_ratio = half => tracing.sample_ratio: from 0.0 to 1.0",
+            "tracing.service_name = \u{7} => tracing.service_name: no control characters",
             "windows.payment = soon => windows.payment: is not a duration",
             "http.request_timeout = forever => http.request_timeout: is not a duration",
             "windows.receipt = 60d => windows.receipt: is out of range",
