@@ -36,7 +36,7 @@ use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key;
 
 use super::catch_up::CatchUp;
-use super::connection::close_within;
+use super::connection::{close_within, connection_event};
 use super::disposition::{Disposition, admit, decide};
 use super::topology::{Mode, delay_route, into_stage};
 use super::wire::{self, Park, ParkReason, TimeoutMessage};
@@ -52,8 +52,54 @@ use crate::traces;
 /// may wait `consumer.batch_wait` to fill even when it holds one delivery.
 const FLOWING: Duration = Duration::from_millis(50);
 
+/// How long the consumers have to end on their own once their connection has
+/// failed, before they are stopped.
+const AFTER_CONNECTION_FAILED: Duration = Duration::from_secs(5);
+
 /// Runs the consumers of every kind on one connection until shutdown or failure.
+///
+/// Each consumer sees its connection fail on its own channel (its stream ends
+/// with the error, its acks and publishes fail) and ends. One that is still
+/// waiting [`AFTER_CONNECTION_FAILED`] after the connection reported its
+/// failure is stopped, so that the role reconnects: lapin can leave an ack
+/// or a close issued at the moment the connection failed waiting for ever,
+/// and nothing it held is lost by stopping it (the broker has already put
+/// every unacked delivery back in its queue, and a transaction cut short is
+/// rolled back).
 pub async fn run(
+    ctx: Arc<Context>,
+    conn: Arc<Connection>,
+    mode: Mode,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let mut events = conn.events_listener();
+    let consuming = consume(ctx.clone(), conn.clone(), mode, shutdown);
+    tokio::pin!(consuming);
+    loop {
+        tokio::select! {
+            result = &mut consuming => return result,
+            event = events.next() => {
+                let failed = connection_event(event, |reason| {
+                    ctx.telemetry.publishing_blocked("consumer", reason)
+                });
+                if let Err(e) = failed {
+                    return match tokio::time::timeout(AFTER_CONNECTION_FAILED, consuming).await {
+                        Ok(result) => result.and(Err(e)),
+                        Err(_) => {
+                            // Dropping the consumers' set aborts them.
+                            ctx.telemetry
+                                .role_stopped("consumer", AFTER_CONNECTION_FAILED);
+                            Err(e)
+                        }
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The consumers of every kind, until shutdown or the first failure.
+async fn consume(
     ctx: Arc<Context>,
     conn: Arc<Connection>,
     mode: Mode,

@@ -425,6 +425,18 @@ impl Telemetry {
         );
     }
 
+    /// A role's tasks had not ended `grace` after their connection failed:
+    /// they were stopped, and the role reconnects. Nothing they held is lost
+    /// (the broker requeued it with the connection); counted with the
+    /// disconnects, which the role's reconnect reports.
+    pub fn role_stopped(&self, role: &'static str, grace: Duration) {
+        tracing::warn!(
+            role,
+            grace_ms = grace.as_millis() as u64,
+            "the role's tasks had not ended after its connection failed: stopped"
+        );
+    }
+
     /// A task of a role panicked: a bug. Its siblings stop and the role
     /// reconnects; what the task held unacked is redelivered.
     pub fn task_panicked(&self, role: &'static str, error: &str) {

@@ -572,3 +572,90 @@ async fn a_lost_commit_answer_still_counts_the_sweepers_catch() {
         json!({"sku": "A", "available": 3, "reserved": 0, "sold": 0})
     );
 }
+
+/// A consumer waiting on the database when its connection is closed (here the
+/// order's row, locked by another session) reconnects within seconds, not
+/// once the database answers; the order is cancelled when the row is free.
+/// The wait on a lock stands for any await that a failed connection does not
+/// end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_waiting_on_the_database_reconnects_when_its_connection_closes_ttl() {
+    consumer_waiting_on_the_database_reconnects(DelayMode::Ttl).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_waiting_on_the_database_reconnects_when_its_connection_closes_plugin() {
+    consumer_waiting_on_the_database_reconnects(DelayMode::Plugin).await
+}
+
+async fn consumer_waiting_on_the_database_reconnects(mode: DelayMode) {
+    use sea_orm::{ConnectionTrait, Database, TransactionTrait};
+
+    let app = spawn_app(Spawn::new(Backend::Postgres, mode)).await;
+    app.put_stock("A", 10).await;
+    let id = app.order(&[("A", 1)], "1s").await;
+    let holder = Database::connect(app.ctx.settings.database.url.expose())
+        .await
+        .unwrap();
+    let txn = holder.begin().await.unwrap();
+    txn.execute_unprepared(&format!("SELECT 1 FROM orders WHERE id = {id} FOR UPDATE"))
+        .await
+        .unwrap();
+    // Due: the consumer (its delivery or its catch-up) waits on the row.
+    let name = database_name(&app);
+    wait_until(
+        Duration::from_secs(20),
+        "the consumer waits on the locked row",
+        || async {
+            let waiting = holder
+                .query_one_raw(sea_orm::Statement::from_string(
+                    holder.get_database_backend(),
+                    format!(
+                        "SELECT count(*) AS n FROM pg_stat_activity \
+                         WHERE datname = '{name}' AND wait_event_type = 'Lock'"
+                    ),
+                ))
+                .await
+                .unwrap()
+                .and_then(|r| r.try_get::<i64>("", "n").ok())
+                .unwrap_or(0);
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    let consumer_lost = || async {
+        app.metric(
+            "order_timeout_broker_disconnects_total",
+            &["role=\"consumer\""],
+        )
+        .await
+    };
+    assert_eq!(consumer_lost().await, 0.0);
+    close_each_service_connection(&app.vhost).await;
+    let closed = Instant::now();
+    wait_until(
+        Duration::from_secs(20),
+        "the consumer reconnects while the row is still locked",
+        || async {
+            let connected = app
+                .metric("order_timeout_broker_connected", &["role=\"consumer\""])
+                .await;
+            (consumer_lost().await >= 1.0 && connected == 1.0).then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "{mode:?}: the consumer reconnected {:?} after its connection was closed",
+        closed.elapsed()
+    );
+    let order = app.get_order(&id).await;
+    assert_eq!(
+        order["status"], "pending_payment",
+        "the row is still locked: {order}"
+    );
+    txn.rollback().await.unwrap();
+    app.wait_status(&id, "cancelled", Duration::from_secs(30))
+        .await;
+    assert_cancelled_once(&app, std::slice::from_ref(&id)).await;
+    holder.close().await.ok();
+}
