@@ -103,12 +103,19 @@ async fn every_publisher_sends_an_integer_x_delay() {
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
-            let message = channel
+            // Everything the example published: it exits once confirmed, so
+            // all of it is in the queue by now.
+            let mut published = Vec::new();
+            while let Some(message) = channel
                 .basic_get(queue.into(), BasicGetOptions { no_ack: true })
                 .await
                 .unwrap()
+            {
+                published.push(message.delivery);
+            }
+            let (delivery, retries) = published
+                .split_first()
                 .unwrap_or_else(|| panic!("{example:?} published nothing"));
-            let delivery = &message.delivery;
             let props = &delivery.properties;
             let what = format!("{example:?} with --delay-ms {delay_ms}: {props:?}");
             let headers = props.headers().as_ref();
@@ -144,6 +151,29 @@ async fn every_publisher_sends_an_integer_x_delay() {
                 .map(|m| m.to_string())
                 .filter(|m| !m.is_empty())
                 .unwrap_or_else(|| panic!("no message_id: {what}"));
+            // A publisher that gets no confirm in time publishes again (the Go
+            // example after 5 s, as a loaded broker may take): the same
+            // message, whose x-delay is the time left then.
+            for retry in retries {
+                assert!(
+                    example == Example::Go,
+                    "{example:?} published twice: {:?}",
+                    retry.properties
+                );
+                let again = wire::publish_delay(retry.properties.headers().as_ref())
+                    .unwrap_or_else(|e| panic!("{e:?}: {:?}", retry.properties));
+                assert_eq!(
+                    retry.properties.message_id().as_ref().map(|m| m.as_str()),
+                    Some(id.as_str()),
+                    "a retry keeps the message_id: {what}"
+                );
+                assert_eq!(retry.data, delivery.data, "a retry keeps the body: {what}");
+                assert!(
+                    again <= sent,
+                    "a retry's x-delay {again} is the time left: {what}"
+                );
+                eprintln!("{example:?} published again (x-delay {again}) after no confirm came");
+            }
             message_ids.push(id);
             let body: Value = serde_json::from_slice(&delivery.data).unwrap();
             assert_eq!(body["order_id"], Value::String(order_id), "{what}");

@@ -74,11 +74,21 @@ async fn instances_start_at_once(backend: Backend) {
 
     assert_each_migration_applied_once(fresh.database_url()).await;
 
-    // The service works: an order placed through one is cancelled at its deadline.
+    // The service works: an order placed through one is cancelled at its
+    // deadline, never early. Within 5 s, not the 1 s of the timing tests:
+    // four instances share two cores with the rest of the suite, and the
+    // broker under that load has been seen taking seconds to confirm.
     let api = fresh.api(&children[1]);
     api.put_stock("A", 10).await;
     let id = api.order(&[("A", 1)], "2s").await;
-    let order = api.cancelled_on_time(&id, Duration::from_secs(30)).await;
+    let order = api
+        .wait_status(&id, "cancelled", Duration::from_secs(30))
+        .await;
+    eprintln!(
+        "{backend:?}: cancelled {} ms after its deadline",
+        ms(&order, "cancelled_at") - ms(&order, "pay_deadline")
+    );
+    assert_on_time_within(&order, "cancelled_at", "pay_deadline", 5_000);
     cancelled_once(&api.order_with_audit(&id).await);
     assert_eq!(order["status"], "cancelled");
     assert_eq!(
