@@ -125,12 +125,7 @@ async fn owned_orders_tell_their_story(backend: Backend, mode: DelayMode) {
     // Never early, and the lateness is the audit's time minus the deadline.
     assert!(late >= 0, "{body}");
     assert_eq!(late, at(&cancel["at"]) - at(&deadlines[0]["at"]), "{body}");
-    let events: Vec<(&str, &str)> = body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["event"].as_str().unwrap(), e["state"].as_str().unwrap()))
-        .collect();
+    let events = event_states(&body);
     assert_eq!(
         events,
         [
@@ -258,12 +253,7 @@ async fn owned_orders_tell_their_story(backend: Backend, mode: DelayMode) {
     let (status, body) = app.post(&buyer, "cancel").await;
     assert_eq!(status, 200, "{body}");
     let body = story(&app, &buyer).await;
-    let events: Vec<(&str, &str)> = body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["event"].as_str().unwrap(), e["state"].as_str().unwrap()))
-        .collect();
+    let events = event_states(&body);
     assert_eq!(
         events,
         [("order.created", "pending"), ("order.cancelled", "pending")],
@@ -378,4 +368,14 @@ async fn a_parked_queue_that_cannot_be_read_is_said_so(backend: Backend, mode: D
         assert!(ok, "{out}{err}");
         assert!(out.contains("parked: not checked ("), "{out}");
     }
+}
+
+/// Each domain event of a story with its state: `(event, state)`, in order.
+fn event_states(body: &Value) -> Vec<(&str, &str)> {
+    body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["event"].as_str().unwrap(), e["state"].as_str().unwrap()))
+        .collect()
 }
