@@ -61,8 +61,9 @@ const AFTER_CONNECTION_FAILED: Duration = Duration::from_secs(5);
 /// Each consumer sees its connection fail on its own channel (its stream ends
 /// with the error, its acks and publishes fail) and ends. One that is still
 /// waiting [`AFTER_CONNECTION_FAILED`] after the connection reported its
-/// failure is stopped, so that the role reconnects: lapin can leave an ack
-/// or a close issued at the moment the connection failed waiting for ever,
+/// failure is stopped, so that the role reconnects: it may be waiting on the
+/// database (a row another session holds), or inside lapin, which has been
+/// seen leaving a close sent as the connection failed unanswered for ever;
 /// and nothing it held is lost by stopping it (the broker has already put
 /// every unacked delivery back in its queue, and a transaction cut short is
 /// rolled back).
