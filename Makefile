@@ -187,6 +187,9 @@ databases:
 	@if ! mariadb-admin -uroot ping >/dev/null 2>&1; then \
 		echo "starting MariaDB"; start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd; fi
 	@for i in $$(seq 1 30); do mariadb-admin -uroot ping >/dev/null 2>&1 && break; sleep 1; done; mariadb-admin -uroot ping
+	@# Named zones (mapping.time_zone = "Europe/Berlin") need MariaDB's time zone tables.
+	@[ "$$(mariadb -uroot -N -e 'SELECT COUNT(*) FROM mysql.time_zone_name')" != 0 ] \
+		|| (echo "loading MariaDB's time zone tables"; mariadb-tzinfo-to-sql /usr/share/zoneinfo 2>/dev/null | mariadb -uroot mysql)
 
 # Three RabbitMQ nodes clustered beside the main broker (AMQP 5681-5683,
 # management 15681-15683); the main broker is left alone. RABBITMQ_ROOT picks

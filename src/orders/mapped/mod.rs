@@ -13,9 +13,12 @@
 //! writes it in: `mapping.time_zone`, or else the database server's default,
 //! which is what the shop's own sessions get when they set nothing. The
 //! service's sessions are pinned to UTC by sqlx, so their `NOW()` is not the
-//! shop's: the statements convert the database's instant to that zone
-//! explicitly (see [`sql::Clock::now`]), and `stamp_column` is written in it
-//! too. A deadline stored coarser than milliseconds is rounded towards later
+//! shop's. Deadlines are compared as instants: the bare column against the
+//! wall-clock rendering of the instant `now − span` in that zone, and, in a
+//! zone with daylight saving, the column's own instant as well (a repeated
+//! autumn time is its later instant; see [`sql::Clock`]), so that no change
+//! of the clocks closes an order early. `stamp_column` is written in the
+//! zone too. A deadline stored coarser than milliseconds is rounded towards later
 //! (see [`sql::coarseness_ms`]), so that no order is closed early by the
 //! column's truncation or rounding.
 //!
@@ -26,6 +29,8 @@ mod indexes;
 mod reads;
 mod record;
 mod schema;
+#[cfg(test)]
+mod seasons;
 pub mod sql;
 mod stock;
 mod story;
@@ -59,6 +64,9 @@ pub struct Mapped {
     /// Its status column, quoted, and as named.
     status: String,
     status_name: String,
+    /// The PostgreSQL enum type of the status column, quoted: a status
+    /// value is bound as text and cast to it.
+    status_cast: Option<String>,
     /// The column stamped with the database's now by every transition.
     stamp: Option<(String, Ty)>,
     /// Per kind the mapping maps, how it moves an order.
@@ -145,22 +153,20 @@ struct KindSql {
 }
 
 impl KindSql {
-    /// The deadline, as an expression for a select list.
-    fn deadline(&self, dialect: Dialect) -> String {
-        sql::plus(dialect, &self.column, self.after_ms)
+    /// The deadline's instant, as an expression for a select list.
+    fn deadline(&self, dialect: Dialect, clock: &Clock) -> String {
+        sql::plus(
+            dialect,
+            &clock.instant(&self.column, &self.deadline_ty),
+            self.after_ms,
+        )
     }
 
-    /// The earliest deadline among the rows, as an expression for a select
-    /// list: `MIN` of the bare column, which an index serves.
-    fn earliest(&self, dialect: Dialect) -> String {
-        sql::plus(dialect, &format!("MIN({})", self.column), self.after_ms)
-    }
-
-    /// The condition "the deadline passed `by_ms` or more before `now`",
-    /// written on the bare column (see [`sql::at_or_before`]), so that an
-    /// index on the status and this column serves it.
-    fn passed(&self, dialect: Dialect, now: &str, by_ms: u128) -> String {
-        sql::at_or_before(dialect, &self.column, self.after_ms + by_ms, now)
+    /// The condition "the deadline passed `by_ms` or more before now",
+    /// written on the bare column (see [`Clock::passed`]), so that an index
+    /// on the status and this column serves it.
+    fn passed(&self, clock: &Clock, by_ms: u128) -> String {
+        clock.passed(&self.column, &self.deadline_ty, self.after_ms + by_ms)
     }
 
     /// The condition that leaves alone the orders a flag-only timeout has
@@ -246,6 +252,17 @@ impl Mapped {
                 Err(_) => Value::from(raw),
             },
             _ => Value::from(raw),
+        }
+    }
+
+    /// Appends a status value, bound (and cast to the column's enum type).
+    fn bind_status<'a>(&self, sql: &'a mut Sql, value: &Value) -> &'a mut Sql {
+        match &self.status_cast {
+            Some(ty) => sql
+                .push("CAST(")
+                .bind(value.clone())
+                .push(&format!(" AS {ty})")),
+            None => sql.bind(value.clone()),
         }
     }
 
@@ -421,7 +438,8 @@ impl Mapped {
         sql.push(&format!("UPDATE {} SET ", self.table));
         match &k.target {
             Target::Status(to, _) => {
-                sql.push(&format!("{} = ", self.status)).bind(to.clone());
+                sql.push(&format!("{} = ", self.status));
+                self.bind_status(&mut sql, to);
             }
             Target::Flag(column, ty) => {
                 sql.push(&format!("{column} = {}", self.clock.now(ty)));
@@ -432,10 +450,10 @@ impl Mapped {
         }
         sql.push(&format!(" WHERE {} = ", self.id))
             .bind(self.key_value(key, &self.id_ty))
-            .push(&format!(" AND {} = ", self.status))
-            .bind(k.from.clone())
+            .push(&format!(" AND {} = ", self.status));
+        self.bind_status(&mut sql, &k.from)
             .push(" AND ")
-            .push(&k.passed(self.dialect, &self.clock.now(&k.deadline_ty), 0));
+            .push(&k.passed(&self.clock, 0));
         sql.push(&k.unflagged());
         sql.build()
     }
@@ -458,8 +476,10 @@ impl Mapped {
         sql.push(&format!(
             "SELECT {}, {}, {} FROM {} WHERE {} = ",
             self.dialect.as_text(&self.status),
-            self.dialect
-                .millis_until(&k.deadline(self.dialect), &self.clock.now(&k.deadline_ty)),
+            self.dialect.millis_until(
+                &k.deadline(self.dialect, &self.clock),
+                self.clock.instant_now()
+            ),
             self.dialect.as_bigint(&flagged),
             self.table,
             self.id

@@ -30,7 +30,7 @@ impl Mapped {
             return Ok(OverduePage::default());
         };
         let d = self.dialect;
-        let clock = self.clock.now(&k.deadline_ty);
+        let clock = &self.clock;
         let mut sql = Sql::new(d);
         // Named apart: PostgreSQL calls `CAST(id AS TEXT)` `id` too, and an
         // ORDER BY name takes an output column first, so pages would go in
@@ -39,13 +39,13 @@ impl Mapped {
         sql.push(&format!(
             "SELECT {} AS order_timeout_key, {} AS order_timeout_ms FROM {} WHERE {} = ",
             d.as_text(&self.id),
-            d.millis_until(&k.deadline(d), &clock),
+            d.millis_until(&k.deadline(d, clock), clock.instant_now()),
             self.table,
             self.status
-        ))
-        .bind(k.from.clone())
-        .push(" AND ")
-        .push(&k.passed(d, &clock, grace.as_millis()));
+        ));
+        self.bind_status(&mut sql, &k.from)
+            .push(" AND ")
+            .push(&k.passed(clock, grace.as_millis()));
         sql.push(&k.unflagged());
         if let Some(after) = after {
             sql.push(&format!(" AND {} > ", self.id))
@@ -117,21 +117,22 @@ impl Mapped {
             return Ok(None);
         };
         let d = self.dialect;
-        let clock = self.clock.now(&k.deadline_ty);
+        let clock = &self.clock;
         let overdue = format!(
             "COUNT(CASE WHEN {} THEN 1 END)",
-            k.passed(d, &clock, overdue_after.as_millis())
+            k.passed(clock, overdue_after.as_millis())
         );
+        let earliest = clock.earliest(&k.column, &k.deadline_ty);
         let mut sql = Sql::new(d);
         sql.push(&format!(
             "SELECT {}, {}, {} FROM {} WHERE {} = ",
             d.as_bigint("COUNT(*)"),
             d.as_bigint(&overdue),
-            d.millis_until(&k.earliest(d), &clock),
+            d.millis_until(&sql::plus(d, &earliest, k.after_ms), clock.instant_now()),
             self.table,
             self.status
-        ))
-        .bind(k.from.clone());
+        ));
+        self.bind_status(&mut sql, &k.from);
         sql.push(&k.unflagged());
         let row = db
             .query_one_raw(sql.build())
@@ -169,17 +170,21 @@ impl Mapped {
             return Ok(None);
         };
         let d = self.dialect;
-        let clock = self.clock.now(&k.deadline_ty);
-        let ahead = sql::at_or_after(d, &k.column, k.after_ms, &clock);
+        let clock = &self.clock;
+        let ahead = clock.not_passed(&k.column, &k.deadline_ty, k.after_ms);
         let mut sql = Sql::new(d);
+        // The first row in the column's order: where the wall clock runs
+        // back, the instants follow the same order (the later instant of a
+        // repeated time is after every time before it).
         sql.push(&format!(
             "SELECT {} FROM {} WHERE {ahead} AND {} = ",
-            d.millis_until(&k.earliest(d), &clock),
+            d.millis_until(&k.deadline(d, clock), clock.instant_now()),
             self.table,
             self.status
-        ))
-        .bind(k.from.clone());
+        ));
+        self.bind_status(&mut sql, &k.from);
         sql.push(&k.unflagged());
+        sql.push(&format!(" ORDER BY {} LIMIT 1", k.column));
         let until: Option<i64> = match db.query_one_raw(sql.build()).await? {
             Some(row) => row.try_get_by_index(0)?,
             None => None,
@@ -207,7 +212,7 @@ impl Mapped {
             return Ok(Some(DueAhead::default()));
         };
         let d = self.dialect;
-        let clock = self.clock.now(&k.deadline_ty);
+        let clock = &self.clock;
         // Milliseconds until each deadline, and the clock's own instant: the
         // deadline's instant is their sum, whatever zone the column is in.
         let until = "due_in";
@@ -225,13 +230,13 @@ impl Mapped {
             d.as_bigint(&band),
             d.as_bigint(&minute),
             d.as_bigint("COUNT(*)"),
-            d.millis_until(&k.deadline(d), &clock),
+            d.millis_until(&k.deadline(d, clock), clock.instant_now()),
             d.epoch_ms_now(),
             self.table,
-            sql::before(d, &k.column, k.after_ms, longest.as_millis(), &clock),
+            clock.before(&k.column, &k.deadline_ty, k.after_ms, longest.as_millis()),
             self.status
-        ))
-        .bind(k.from.clone());
+        ));
+        self.bind_status(&mut sql, &k.from);
         sql.push(&k.unflagged());
         sql.push(") AS ahead GROUP BY 1, 2");
         let rows = db.query_all_raw(sql.build()).await?;
@@ -271,7 +276,10 @@ impl Mapped {
             "SELECT {}, {}, {} FROM {}",
             d.as_text(&newest),
             d.as_text(&now),
-            d.millis_until(&newest, &now),
+            d.millis_until(
+                &self.clock.instant(&newest, &k.deadline_ty),
+                self.clock.instant_now()
+            ),
             self.table
         );
         let row = db

@@ -278,7 +278,129 @@ fn is_time(ty: &Ty) -> bool {
 }
 
 fn is_status(ty: &Ty) -> bool {
-    matches!(ty, Ty::Int | Ty::Text)
+    matches!(ty, Ty::Int | Ty::Text | Ty::Enum)
+}
+
+/// The values a status column may hold, when its type lists them, and the
+/// cast a bound text value needs to compare with it on PostgreSQL: an enum
+/// type's labels in their order, quoted type name; MySQL's `ENUM(…)`
+/// members, no cast; PostgreSQL's `character(n)` (no list) is compared as
+/// `bpchar`, which keeps an index on it usable. `None` for the rest.
+async fn status_members(
+    db: &DatabaseConnection,
+    dialect: Dialect,
+    m: &MappingSettings,
+    ty: &Ty,
+    raw: &str,
+) -> Result<(Option<Vec<String>>, Option<String>), MappingError> {
+    let key = "mapping.status_column";
+    let fail = |e: sea_orm::DbErr| {
+        error(
+            key,
+            format!(
+                "could not read the values of {}.{}: {e}",
+                m.table, m.status_column
+            ),
+        )
+    };
+    let (schema, name) = match m.table.split_once('.') {
+        Some((schema, name)) => (Some(schema.to_string()), name),
+        None => (None, m.table.as_str()),
+    };
+    match (dialect, ty) {
+        (Dialect::Postgres, Ty::Text) if raw.eq_ignore_ascii_case("character") => {
+            Ok((None, Some("bpchar".to_string())))
+        }
+        (Dialect::Postgres, Ty::Enum) => {
+            let mut sql = Sql::new(dialect);
+            sql.push(
+                "SELECT CAST(e.enumlabel AS TEXT), CAST(quote_ident(n.nspname) || '.' || quote_ident(t.typname) AS TEXT) \
+                 FROM information_schema.columns c \
+                 JOIN pg_namespace n ON n.nspname = c.udt_schema \
+                 JOIN pg_type t ON t.typnamespace = n.oid AND t.typname = c.udt_name \
+                 JOIN pg_enum e ON e.enumtypid = t.oid \
+                 WHERE c.table_schema = COALESCE(",
+            )
+            .bind(Value::from(schema))
+            .push(", current_schema()) AND c.table_name = ")
+            .bind(Value::from(name))
+            .push(" AND c.column_name = ")
+            .bind(Value::from(m.status_column.as_str()))
+            .push(" ORDER BY e.enumsortorder");
+            let rows = db.query_all_raw(sql.build()).await.map_err(fail)?;
+            let mut labels = Vec::with_capacity(rows.len());
+            let mut cast = None;
+            for row in rows {
+                labels.push(row.try_get_by_index::<String>(0).map_err(fail)?);
+                cast = Some(row.try_get_by_index::<String>(1).map_err(fail)?);
+            }
+            if cast.is_none() {
+                return Err(error(
+                    key,
+                    format!(
+                        "{}.{} is of a user-defined type that is not an enum; expected an integer, text or an enum",
+                        m.table, m.status_column
+                    ),
+                ));
+            }
+            Ok((Some(labels), cast))
+        }
+        (Dialect::MySql, Ty::Enum) => {
+            let mut sql = Sql::new(dialect);
+            sql.push(
+                "SELECT CAST(column_type AS CHAR) FROM information_schema.columns WHERE table_schema = COALESCE(",
+            )
+            .bind(Value::from(schema))
+            .push(", DATABASE()) AND table_name = ")
+            .bind(Value::from(name))
+            .push(" AND column_name = ")
+            .bind(Value::from(m.status_column.as_str()));
+            let row = db.query_one_raw(sql.build()).await.map_err(fail)?;
+            let column_type: String = match row {
+                Some(row) => row.try_get_by_index(0).map_err(fail)?,
+                None => String::new(),
+            };
+            Ok((Some(enum_members(&column_type)), None))
+        }
+        _ => Ok((None, None)),
+    }
+}
+
+/// The members of MySQL's `enum('a','b''c')`, as written (`''` is a quote).
+fn enum_members(column_type: &str) -> Vec<String> {
+    let Some(list) = column_type
+        .trim()
+        .strip_prefix("enum(")
+        .or_else(|| column_type.trim().strip_prefix("ENUM("))
+        .and_then(|rest| rest.strip_suffix(')'))
+    else {
+        return Vec::new();
+    };
+    let mut members = Vec::new();
+    let mut chars = list.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\'' {
+            continue;
+        }
+        let mut member = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' if chars.peek() == Some(&'\'') => {
+                    chars.next();
+                    member.push('\'');
+                }
+                '\'' => break,
+                '\\' => {
+                    if let Some(next) = chars.next() {
+                        member.push(next);
+                    }
+                }
+                c => member.push(c),
+            }
+        }
+        members.push(member);
+    }
+    members
 }
 
 fn any(_: &Ty) -> bool {
@@ -306,8 +428,10 @@ impl Mapped {
             "mapping.status_column",
             &m.status_column,
             is_status,
-            "an integer or text",
+            "an integer, text or an enum",
         )?;
+        let (members, status_cast) =
+            status_members(db, dialect, m, &status_ty, &orders.types[&m.status_column]).await?;
         let stamp = if m.stamp_column.is_empty() {
             None
         } else {
@@ -335,7 +459,14 @@ impl Mapped {
                 continue;
             }
             let window = windows.of(kind);
-            let (k, found) = kind_sql(dialect, &orders, kind, km, &status_ty, window)?;
+            let (k, found) = kind_sql(
+                dialect,
+                &orders,
+                kind,
+                km,
+                (&status_ty, members.as_deref()),
+                window,
+            )?;
             findings.push(found);
             kinds.insert(kind, k);
         }
@@ -376,6 +507,7 @@ impl Mapped {
             id_ty,
             status: dialect.quote(&m.status_column),
             status_name: m.status_column.clone(),
+            status_cast,
             stamp,
             kinds,
             stock,
@@ -426,11 +558,23 @@ fn kind_sql(
     orders: &Columns,
     kind: TimeoutKind,
     km: &KindMapping,
-    status_ty: &Ty,
+    (status_ty, members): (&Ty, Option<&[String]>),
     window: std::time::Duration,
 ) -> Result<(KindSql, String), MappingError> {
     let key = |field: &str| format!("mapping.{kind}.{field}");
     let status_value = |field: &str, value: &str| -> Result<(Value, String), MappingError> {
+        if let Some(members) = members
+            && !members.iter().any(|m| m == value)
+        {
+            return Err(error(
+                &key(field),
+                format!(
+                    "'{value}' is not one of the values {}.status can hold ({})",
+                    orders.table,
+                    members.join(", ")
+                ),
+            ));
+        }
         match status_ty {
             Ty::Int => value
                 .trim()
@@ -577,4 +721,16 @@ async fn stock_sql(
         },
         found,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn enum_members_are_read_as_written() {
+        assert_eq!(
+            super::enum_members("enum('pending','paid','it''s','a,b')"),
+            ["pending", "paid", "it's", "a,b"]
+        );
+        assert!(super::enum_members("varchar(10)").is_empty());
+    }
 }

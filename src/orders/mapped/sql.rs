@@ -108,41 +108,202 @@ impl Dialect {
 /// The service's sessions are in UTC whatever the shop's are (sqlx sets
 /// `time_zone = '+00:00'` on MySQL/MariaDB and the `TimeZone=UTC` startup
 /// parameter on PostgreSQL), so the session's local time (`NOW()`,
-/// `LOCALTIMESTAMP`) is not the shop's: a zone-less column is compared with
-/// the database's instant converted to the shop's zone, explicitly, in the
-/// statement. Columns with a zone (`timestamptz`; MySQL's `timestamp`, stored
-/// in UTC and read in the session's zone) are compared with the instant as
-/// the session reads it, as before.
+/// `LOCALTIMESTAMP`) is not the shop's. Deadlines are compared as instants:
+/// a zone-less column holds the shop's wall-clock time, so it is compared
+/// with the wall-clock rendering of the *instant* `now − span` (never with
+/// `wall(now) − span`, which leaps with the clocks at a daylight-saving
+/// change), and, in a zone that has such changes, also read as the instant
+/// it names ([`Clock::instant`]): a time in the repeated autumn hour is
+/// taken as its later instant, one in the skipped spring hour as the
+/// zone's offset before the jump reads it (after the jump), as PostgreSQL
+/// reads both. The comparison on the bare column is what an index serves;
+/// the instant's is exact. Columns with a zone (`timestamptz`; MySQL's
+/// `timestamp`, stored in UTC and read in the session's zone) are instants
+/// already.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Clock {
     dialect: Dialect,
     /// The zone the shop writes its zone-less columns in.
     zone: Zone,
+    /// An instant to take for now instead of the database's (tests).
+    now: Option<String>,
 }
+
+/// How far the wall clock of a zone can run back at a change of offset, and
+/// more: a bound on the bare column that must take in every row an instant
+/// comparison `>=` takes is widened by it (the largest change in the time
+/// zone database is two hours).
+const WIDEST_SHIFT: &str = "6";
 
 impl Clock {
     /// The clock of `dialect` for a shop writing in `zone`.
     pub fn new(dialect: Dialect, zone: Zone) -> Self {
-        Self { dialect, zone }
+        Self {
+            dialect,
+            zone,
+            now: None,
+        }
+    }
+
+    /// The same clock stopped at `instant` (an expression of the type
+    /// [`Clock::instant_now`] gives), to run the statements at a chosen
+    /// moment.
+    #[cfg(test)]
+    pub fn at(self, instant: &str) -> Self {
+        Self {
+            now: Some(instant.to_string()),
+            ..self
+        }
+    }
+
+    /// The statement's instant, as [`Clock::instant`] gives a column's:
+    /// PostgreSQL's `CURRENT_TIMESTAMP`, MySQL's `UTC_TIMESTAMP(3)` (the
+    /// session is in UTC, so a `timestamp` column reads in UTC too).
+    pub fn instant_now(&self) -> &str {
+        if let Some(now) = &self.now {
+            return now;
+        }
+        match self.dialect {
+            Dialect::Postgres => "CURRENT_TIMESTAMP",
+            Dialect::MySql => "UTC_TIMESTAMP(3)",
+        }
+    }
+
+    /// Whether a column of type `ty` maps one to one onto instants, so that
+    /// a comparison on the bare column is exact: it has a zone, or the
+    /// shop's zone is a fixed offset.
+    fn one_to_one(&self, ty: &Ty) -> bool {
+        matches!(ty, Ty::Time { zoned: true }) || matches!(self.zone, Zone::Offset(_))
+    }
+
+    /// The instant `now + ms` (`ms` may be negative), fixed for the statement.
+    fn shifted(&self, ms: i128) -> String {
+        let now = self.instant_now();
+        match ms {
+            0 => now.to_string(),
+            ms if ms > 0 => format!("{now} + {}", self.dialect.interval_ms(ms.unsigned_abs())),
+            ms => format!("{now} - {}", self.dialect.interval_ms(ms.unsigned_abs())),
+        }
+    }
+
+    /// The instant a column (or an aggregate of one) of type `ty` holds.
+    pub fn instant(&self, column: &str, ty: &Ty) -> String {
+        if matches!(ty, Ty::Time { zoned: true }) {
+            return column.to_string();
+        }
+        match (self.dialect, &self.zone) {
+            (Dialect::Postgres, Zone::Offset(minutes)) => {
+                format!("({column} AT TIME ZONE INTERVAL '{minutes} minutes')")
+            }
+            // PostgreSQL takes a repeated time as its later instant, a
+            // skipped one with the offset before the jump.
+            (Dialect::Postgres, Zone::Named(name)) => format!("({column} AT TIME ZONE '{name}')"),
+            (Dialect::MySql, Zone::Offset(_)) => {
+                format!("CONVERT_TZ({column}, '{}', '+00:00')", self.zone)
+            }
+            // MySQL's CONVERT_TZ takes a repeated time as its earlier
+            // instant and a skipped one as the jump's: read as PostgreSQL
+            // reads them, from the offsets three hours either side (which
+            // the CASE checks name the time).
+            (Dialect::MySql, Zone::Named(name)) => {
+                let to_utc = |expr: &str| format!("CONVERT_TZ({expr}, '{name}', '+00:00')");
+                let to_wall = |expr: &str| format!("CONVERT_TZ({expr}, '+00:00', '{name}')");
+                let own = to_utc(column);
+                let later = format!(
+                    "{} - INTERVAL 3 HOUR",
+                    to_utc(&format!("{column} + INTERVAL 3 HOUR"))
+                );
+                let before = format!(
+                    "{} + INTERVAL 3 HOUR",
+                    to_utc(&format!("{column} - INTERVAL 3 HOUR"))
+                );
+                format!(
+                    "(CASE WHEN {} <> {column} THEN {before} WHEN {} = {column} THEN GREATEST({own}, {later}) ELSE {own} END)",
+                    to_wall(&own),
+                    to_wall(&format!("({later})"))
+                )
+            }
+        }
+    }
+
+    /// The earliest instant a column of type `ty` holds among the rows: of
+    /// its `MIN` where the two are one to one (an index serves `MIN` of the
+    /// bare column), else the `MIN` of the instants.
+    pub fn earliest(&self, column: &str, ty: &Ty) -> String {
+        if self.one_to_one(ty) {
+            self.instant(&format!("MIN({column})"), ty)
+        } else {
+            format!("MIN({})", self.instant(column, ty))
+        }
+    }
+
+    /// An instant rendered as a column of type `ty` holds it: for a
+    /// zone-less column, the wall-clock time in the shop's zone.
+    pub fn wall(&self, instant: &str, ty: &Ty) -> String {
+        if matches!(ty, Ty::Time { zoned: true }) {
+            return instant.to_string();
+        }
+        match (self.dialect, &self.zone) {
+            // PostgreSQL reads a text offset POSIX-style (west positive), so
+            // an offset goes in as an interval, which it reads east positive.
+            (Dialect::Postgres, Zone::Offset(minutes)) => {
+                format!("(({instant}) AT TIME ZONE INTERVAL '{minutes} minutes')")
+            }
+            (Dialect::Postgres, Zone::Named(name)) => {
+                format!("(({instant}) AT TIME ZONE '{name}')")
+            }
+            (Dialect::MySql, zone) => format!("CONVERT_TZ({instant}, '+00:00', '{zone}')"),
+        }
     }
 
     /// The database's now, to compare with (or write into) a column of type `ty`.
     pub fn now(&self, ty: &Ty) -> String {
-        let zoned = matches!(ty, Ty::Time { zoned: true });
-        match (self.dialect, zoned, &self.zone) {
-            (Dialect::Postgres, true, _) => "CURRENT_TIMESTAMP".to_string(),
-            // PostgreSQL reads a text offset POSIX-style (west positive), so
-            // an offset goes in as an interval, which it reads east positive.
-            (Dialect::Postgres, false, Zone::Offset(minutes)) => {
-                format!("(CURRENT_TIMESTAMP AT TIME ZONE INTERVAL '{minutes} minutes')")
-            }
-            (Dialect::Postgres, false, Zone::Named(name)) => {
-                format!("(CURRENT_TIMESTAMP AT TIME ZONE '{name}')")
-            }
-            (Dialect::MySql, true, _) => "NOW(3)".to_string(),
-            (Dialect::MySql, false, zone) => {
-                format!("CONVERT_TZ(UTC_TIMESTAMP(3), '+00:00', '{zone}')")
-            }
+        match (self.dialect, ty) {
+            (Dialect::MySql, Ty::Time { zoned: true }) => "NOW(3)".to_string(),
+            _ => self.wall(self.instant_now(), ty),
+        }
+    }
+
+    /// `instant(column) + ms <= now`: on the bare column against the wall
+    /// clock of `now − ms` (which an index whose key has the column
+    /// serves), and, where that is not one to one, on the instant too.
+    pub fn passed(&self, column: &str, ty: &Ty, ms: u128) -> String {
+        let at = self.shifted(-(ms as i128));
+        let bare = format!("{column} <= {}", self.wall(&at, ty));
+        if self.one_to_one(ty) {
+            bare
+        } else {
+            format!("{bare} AND {} <= {at}", self.instant(column, ty))
+        }
+    }
+
+    /// `instant(column) + ms >= now`, likewise; the bound on the bare
+    /// column is widened by [`WIDEST_SHIFT`] hours where the wall clock can
+    /// run back.
+    pub fn not_passed(&self, column: &str, ty: &Ty, ms: u128) -> String {
+        let at = self.shifted(-(ms as i128));
+        if self.one_to_one(ty) {
+            return format!("{column} >= {}", self.wall(&at, ty));
+        }
+        let widened = match self.dialect {
+            Dialect::Postgres => format!("{at} - INTERVAL '{WIDEST_SHIFT} hours'"),
+            Dialect::MySql => format!("{at} - INTERVAL {WIDEST_SHIFT} HOUR"),
+        };
+        format!(
+            "{column} >= {} AND {} >= {at}",
+            self.wall(&widened, ty),
+            self.instant(column, ty)
+        )
+    }
+
+    /// `instant(column) + after_ms < now + ahead_ms`, likewise.
+    pub fn before(&self, column: &str, ty: &Ty, after_ms: u128, ahead_ms: u128) -> String {
+        let at = self.shifted(ahead_ms as i128 - after_ms as i128);
+        let bare = format!("{column} < {}", self.wall(&at, ty));
+        if self.one_to_one(ty) {
+            bare
+        } else {
+            format!("{bare} AND {} < {at}", self.instant(column, ty))
         }
     }
 }
@@ -169,44 +330,6 @@ pub fn plus(dialect: Dialect, expr: &str, ms: u128) -> String {
     }
 }
 
-/// `column + ms <= now`, written `column <= now - ms`: the same instants (an
-/// interval of milliseconds is exact arithmetic on every type of time column
-/// and both dialects: no day or month in it, no zone), but the bare column
-/// compared with a value fixed for the statement, which an index whose key
-/// has the column can serve; `column + ms` is computed row by row, which no
-/// index serves.
-pub fn at_or_before(dialect: Dialect, column: &str, ms: u128, now: &str) -> String {
-    match ms {
-        0 => format!("{column} <= {now}"),
-        ms => format!("{column} <= {now} - {}", dialect.interval_ms(ms)),
-    }
-}
-
-/// `column + ms >= now`, written `column >= now - ms`, for the same reason
-/// as [`at_or_before`].
-pub fn at_or_after(dialect: Dialect, column: &str, ms: u128, now: &str) -> String {
-    match ms {
-        0 => format!("{column} >= {now}"),
-        ms => format!("{column} >= {now} - {}", dialect.interval_ms(ms)),
-    }
-}
-
-/// `column + after_ms < now + ahead_ms`, written on the bare column as
-/// `column < now ± interval`, for the same reason as [`at_or_before`].
-pub fn before(dialect: Dialect, column: &str, after_ms: u128, ahead_ms: u128, now: &str) -> String {
-    if ahead_ms >= after_ms {
-        match ahead_ms - after_ms {
-            0 => format!("{column} < {now}"),
-            ms => format!("{column} < {now} + {}", dialect.interval_ms(ms)),
-        }
-    } else {
-        format!(
-            "{column} < {now} - {}",
-            dialect.interval_ms(after_ms - ahead_ms)
-        )
-    }
-}
-
 /// What a column holds, as far as a mapping cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ty {
@@ -218,6 +341,9 @@ pub enum Ty {
     Text,
     /// PostgreSQL's (or MariaDB's) `uuid`.
     Uuid,
+    /// MySQL's `ENUM(…)`, or a PostgreSQL user-defined type (an enum type
+    /// when its labels can be read).
+    Enum,
     /// A point in time; `zoned` for PostgreSQL's `timestamptz` and MySQL's
     /// `timestamp` (an instant, read in the session's zone).
     Time {
@@ -238,6 +364,7 @@ impl Ty {
             "character varying" | "varchar" | "character" | "char" | "text" | "tinytext"
             | "mediumtext" | "longtext" => Self::Text,
             "uuid" => Self::Uuid,
+            "enum" | "user-defined" => Self::Enum,
             // PostgreSQL spells its types in full: a bare `timestamp` is MySQL's.
             "timestamp with time zone" | "timestamp" => Self::Time { zoned: true },
             "timestamp without time zone" | "datetime" => Self::Time { zoned: false },
@@ -362,12 +489,12 @@ mod tests {
         assert_eq!(pg(bogota.clone()).now(&zoned), "CURRENT_TIMESTAMP");
         assert_eq!(
             pg(bogota.clone()).now(&local),
-            "(CURRENT_TIMESTAMP AT TIME ZONE 'America/Bogota')"
+            "((CURRENT_TIMESTAMP) AT TIME ZONE 'America/Bogota')"
         );
         // East positive, not PostgreSQL's POSIX reading of '-05:00'.
         assert_eq!(
             pg(Zone::Offset(-300)).now(&local),
-            "(CURRENT_TIMESTAMP AT TIME ZONE INTERVAL '-300 minutes')"
+            "((CURRENT_TIMESTAMP) AT TIME ZONE INTERVAL '-300 minutes')"
         );
         assert_eq!(my(Zone::Offset(480)).now(&zoned), "NOW(3)");
         assert_eq!(
@@ -405,39 +532,48 @@ mod tests {
 
     #[test]
     fn deadlines_are_compared_on_the_bare_column() {
-        let pg = Dialect::Postgres;
-        let my = Dialect::MySql;
+        let zoned = Ty::Time { zoned: true };
+        let local = Ty::Time { zoned: false };
+        let pg = Clock::new(Dialect::Postgres, Zone::Named("UTC".into()));
+        let my = Clock::new(Dialect::MySql, Zone::Offset(480));
         assert_eq!(
-            at_or_before(pg, "\"pay_by\"", 0, "CURRENT_TIMESTAMP"),
+            pg.passed("\"pay_by\"", &zoned, 0),
             "\"pay_by\" <= CURRENT_TIMESTAMP"
         );
         assert_eq!(
-            at_or_before(
-                pg,
-                "\"c\"",
-                1_801_000,
-                "(CURRENT_TIMESTAMP AT TIME ZONE 'UTC')"
-            ),
-            "\"c\" <= (CURRENT_TIMESTAMP AT TIME ZONE 'UTC') - INTERVAL '1801000 milliseconds'"
+            my.passed("`create_time`", &zoned, 3_601_000),
+            "`create_time` <= UTC_TIMESTAMP(3) - INTERVAL 3601000000 MICROSECOND"
         );
+        // A fixed offset: the wall clock of the instant, nothing more.
         assert_eq!(
-            at_or_before(my, "`create_time`", 3_601_000, "NOW(3)"),
-            "`create_time` <= NOW(3) - INTERVAL 3601000000 MICROSECOND"
+            my.passed("`c`", &local, 1_000),
+            "`c` <= CONVERT_TZ(UTC_TIMESTAMP(3) - INTERVAL 1000000 MICROSECOND, '+00:00', '+08:00')"
         );
-        assert_eq!(at_or_after(my, "`c`", 0, "NOW(3)"), "`c` >= NOW(3)");
+        assert_eq!(my.not_passed("`c`", &zoned, 0), "`c` >= UTC_TIMESTAMP(3)");
         assert_eq!(
-            before(pg, "\"c\"", 1_000, 3_600_000, "CURRENT_TIMESTAMP"),
+            pg.before("\"c\"", &zoned, 1_000, 3_600_000),
             "\"c\" < CURRENT_TIMESTAMP + INTERVAL '3599000 milliseconds'"
         );
+        // A zone with daylight saving: the wall clock of the instant `now -
+        // span` bounds the bare column; the column's instant decides.
         assert_eq!(
-            before(my, "`c`", 1_801_000, 60_000, "NOW(3)"),
-            "`c` < NOW(3) - INTERVAL 1741000000 MICROSECOND"
+            pg.passed("\"c\"", &local, 1_801_000),
+            "\"c\" <= ((CURRENT_TIMESTAMP - INTERVAL '1801000 milliseconds') AT TIME ZONE 'UTC') \
+             AND (\"c\" AT TIME ZONE 'UTC') <= CURRENT_TIMESTAMP - INTERVAL '1801000 milliseconds'"
         );
-        assert_eq!(before(my, "`c`", 0, 0, "NOW(3)"), "`c` < NOW(3)");
-
         assert_eq!(
-            at_or_after(pg, "\"c\"", 250, "CURRENT_TIMESTAMP"),
-            "\"c\" >= CURRENT_TIMESTAMP - INTERVAL '250 milliseconds'"
+            pg.not_passed("\"c\"", &local, 250),
+            "\"c\" >= ((CURRENT_TIMESTAMP - INTERVAL '250 milliseconds' - INTERVAL '6 hours') AT TIME ZONE 'UTC') \
+             AND (\"c\" AT TIME ZONE 'UTC') >= CURRENT_TIMESTAMP - INTERVAL '250 milliseconds'"
+        );
+        assert_eq!(
+            pg.earliest("\"c\"", &zoned),
+            "MIN(\"c\")",
+            "an index serves MIN of the bare column"
+        );
+        assert_eq!(
+            pg.earliest("\"c\"", &local),
+            "MIN((\"c\" AT TIME ZONE 'UTC'))"
         );
     }
 }

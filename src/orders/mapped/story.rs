@@ -36,7 +36,7 @@ impl Mapped {
         let kinds: Vec<(TimeoutKind, &KindSql)> = self.kinds.iter().map(|(k, s)| (*k, s)).collect();
         let mut columns = vec![d.as_text(&self.status)];
         for (_, k) in &kinds {
-            columns.push(d.millis_until(&k.deadline(d), &self.clock.now(&k.deadline_ty)));
+            columns.push(d.millis_until(&k.deadline(d, &self.clock), self.clock.instant_now()));
             let flagged = match &k.target {
                 Target::Flag(column, _) => format!("CASE WHEN {column} IS NULL THEN 0 ELSE 1 END"),
                 Target::Status(..) => "0".to_string(),
