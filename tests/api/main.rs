@@ -94,6 +94,7 @@ mod routes; // the authorization matrix over every route, and every spelling of 
 mod settings; // the binary's contracts: settings, doctor, demo
 mod shared_pauses; // pauses kept in the database: across restarts and instances; per-instance pauses
 mod stages; // the delay stages on the real plugin, TTL and quorum queues
+mod statuses; // status columns of every type: MariaDB ENUM, PostgreSQL enums, char(n)
 mod story; // one order's whole story: GET /admin/orders/{id}, ctl order
 mod tls; // amqps:// end to end
 mod topology; // definitions, quorum queues, rabbitmq.conf

@@ -464,7 +464,7 @@ impl Mapped {
                 &orders,
                 kind,
                 km,
-                (&status_ty, members.as_deref()),
+                (&m.status_column, &status_ty, members.as_deref()),
                 window,
             )?;
             findings.push(found);
@@ -558,7 +558,7 @@ fn kind_sql(
     orders: &Columns,
     kind: TimeoutKind,
     km: &KindMapping,
-    (status_ty, members): (&Ty, Option<&[String]>),
+    (status_name, status_ty, members): (&str, &Ty, Option<&[String]>),
     window: std::time::Duration,
 ) -> Result<(KindSql, String), MappingError> {
     let key = |field: &str| format!("mapping.{kind}.{field}");
@@ -569,7 +569,7 @@ fn kind_sql(
             return Err(error(
                 &key(field),
                 format!(
-                    "'{value}' is not one of the values {}.status can hold ({})",
+                    "'{value}' is not one of the values {}.{status_name} can hold ({})",
                     orders.table,
                     members.join(", ")
                 ),
@@ -584,7 +584,7 @@ fn kind_sql(
                     error(
                         &key(field),
                         format!(
-                            "'{value}' is not an integer, and {}.status is",
+                            "'{value}' is not an integer, and {}.{status_name} is",
                             orders.table
                         ),
                     )
