@@ -16,6 +16,7 @@ use crate::amqp::{self, consumer, deferral, relay, router};
 use crate::context::{Context, Role};
 use crate::orders::Orders;
 use crate::settings::{Settings, SettingsSource};
+use crate::zone_check;
 use crate::{db, gauges, http, pausing, retention, server, sweeper};
 
 /// How long shutdown may take before remaining tasks are abandoned.
@@ -92,6 +93,10 @@ impl Application {
         pausing::load(&ctx).await.context(
             "reading the shared pauses (order_timeout_pauses; `order-timeout migrate` creates it)",
         )?;
+        // Likewise a kind read in a zone not yet confirmed is held.
+        zone_check::load(&ctx)
+            .await
+            .context("reading the time zone checks (order_timeout_zone_checks)")?;
         let s = &ctx.settings;
         ctx.telemetry.starting(
             &s.database.url.redacted(),
@@ -166,6 +171,7 @@ impl Application {
         tasks.spawn(relay::monitor(ctx.clone(), shutdown.clone()));
         tasks.spawn(gauges::run(ctx.clone(), shutdown.clone()));
         tasks.spawn(pausing::follow(ctx.clone(), shutdown.clone()));
+        tasks.spawn(zone_check::run(ctx.clone(), shutdown.clone()));
         if ctx.orders.is_owned() {
             // Only the service's own checkouts write idempotency keys.
             tasks.spawn(http::idempotency::clean(ctx.clone(), shutdown.clone()));

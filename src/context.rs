@@ -100,6 +100,8 @@ pub struct Context {
     pub reloader: Reloader,
     /// Which roles are paused.
     pub pauses: Pauses,
+    /// What the time zone check found of each guarded kind (`zone_check`).
+    pub zone_checks: crate::zone_check::ZoneChecks,
     /// Exchange and queue names.
     pub names: Names,
     /// The database pool of the background work: consumers, relay, sweeper.
@@ -128,6 +130,7 @@ impl Context {
         Self {
             reloader: Reloader::new(settings.clone(), None),
             pauses: Pauses::default(),
+            zone_checks: Default::default(),
             settings,
             names,
             db,

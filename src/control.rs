@@ -364,6 +364,12 @@ impl Pauses {
         self.is_paused(Pausable::Consumer(kind))
     }
 
+    /// The pause of `role` on this instance only, if any.
+    pub fn instance_pause(&self, role: Pausable) -> Option<Pause> {
+        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        states[role.index()].instance.clone()
+    }
+
     /// Every role with its pauses by scope.
     pub fn snapshot(&self) -> [(Pausable, RoleState); ROLES] {
         let states = self.states.lock().unwrap_or_else(|e| e.into_inner());

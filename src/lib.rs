@@ -56,6 +56,7 @@ pub mod settings;
 pub mod sweeper;
 pub(crate) mod telemetry;
 pub mod traces;
+pub(crate) mod zone_check;
 
 /// The release this binary is (Cargo.toml's version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

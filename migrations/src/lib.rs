@@ -31,6 +31,7 @@ mod m20261217_000001_add_event_lateness;
 mod m20261217_000002_add_audit_lateness;
 mod m20261220_000001_add_event_trace_context;
 mod m20261220_000007_add_outbox_trace_context;
+mod m20261221_000001_create_zone_checks;
 
 /// All migrations of the service, oldest first.
 pub struct Migrator;
@@ -68,6 +69,7 @@ impl MigratorTrait for Bookkeeping {
             Box::new(m20261216_000001_create_pauses::Migration),
             Box::new(m20261217_000002_add_audit_lateness::Migration),
             Box::new(m20261220_000001_add_event_trace_context::Migration),
+            Box::new(m20261221_000001_create_zone_checks::Migration),
         ]
     }
 

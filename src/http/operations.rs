@@ -30,7 +30,9 @@ pub(super) async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
         .database_checked(database.as_ref().err().map(|e| e.to_string()).as_deref());
     let broker = ctx.health.broker();
     let broker_ok = broker.iter().all(|(_, up)| *up);
-    let ready = database.is_ok() && broker_ok;
+    // A kind whose zone a new order contradicted closes nothing: not ready.
+    let zone = ctx.zone_checks.mismatched();
+    let ready = database.is_ok() && broker_ok && zone.is_empty();
     let body = json!({
         "status": if ready { "ready" } else { "unready" },
         "database": match &database {
@@ -43,6 +45,16 @@ pub(super) async fn readyz(State(ctx): State<Arc<Context>>) -> Response {
             "connections": broker.iter().map(|(role, up)| (role.as_str().to_string(), json!(up))).collect::<serde_json::Map<_, _>>(),
             // The node (`host:port` of `amqp.url`) each connection is on.
             "nodes": ctx.health.nodes().iter().map(|(role, node)| (role.as_str().to_string(), json!(node))).collect::<serde_json::Map<_, _>>(),
+        },
+        // A mapped table read in a guessed zone (`zone_check`): per kind,
+        // unconfirmed (held until a new order confirms it), fits, or off
+        // (held, unready), with the sentence the log and doctor give.
+        "time_zone": {
+            "ok": zone.is_empty(),
+            "kinds": ctx.zone_checks.all().into_iter().map(|(kind, v)| {
+                let detail = ctx.orders.mapped().map(|m| crate::zone_check::describe(m, kind, &v));
+                (kind.as_str().to_string(), json!({ "state": v.state(), "detail": detail }))
+            }).collect::<serde_json::Map<_, _>>(),
         },
         // Paused in either scope; `pauses` says by whom, since when and in
         // which scope (shared: every instance; instance: this one only).

@@ -171,6 +171,8 @@ pub struct Orders {
     owned: bool,
     /// Raised after each commit the relay publishes from.
     committed: Committed,
+    /// The shop's table, when the orders are mapped.
+    mapped: Option<Arc<Mapped>>,
 }
 
 impl Orders {
@@ -184,7 +186,13 @@ impl Orders {
             store,
             owned,
             committed: Committed::default(),
+            mapped: None,
         }
+    }
+
+    /// The shop's table, when the orders are mapped.
+    pub fn mapped(&self) -> Option<&Arc<Mapped>> {
+        self.mapped.as_ref()
     }
 
     /// The orders the settings name; a mapping is checked against the
@@ -193,8 +201,12 @@ impl Orders {
         match settings.mapping.source {
             OrdersSource::Owned => Ok(Self::owned()),
             OrdersSource::Mapped => {
-                let mapped = Mapped::load(&settings.mapping, &settings.windows, db).await?;
-                Ok(Self::of(Arc::new(mapped), false))
+                let mapped =
+                    Arc::new(Mapped::load(&settings.mapping, &settings.windows, db).await?);
+                Ok(Self {
+                    mapped: Some(mapped.clone()),
+                    ..Self::of(mapped, false)
+                })
             }
         }
     }

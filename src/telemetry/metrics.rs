@@ -52,6 +52,7 @@ pub(super) struct Metrics {
     pub(super) waiting_timers: Family<Labels1, Gauge>,
     pub(super) auth_refused: Family<Labels1, Counter>,
     pub(super) delay_mode: Family<Labels1, Gauge>,
+    pub(super) time_zone: Family<Labels2, Gauge>,
     pub(super) blocked: Family<Labels1, Counter>,
     pub(super) task_panics: Family<Labels1, Counter>,
     pub(super) pending_timeouts: Family<Labels1, Gauge>,
@@ -278,6 +279,12 @@ impl Metrics {
                 "delay_mode",
                 "The delay mode in effect (1 for the mode chosen at start-up: ttl, plugin or native)",
                 Family::<Labels1, Gauge>::default(),
+            ),
+            time_zone: registered(
+                &mut registry,
+                "time_zone_check",
+                "Mapped kinds read in the database server's default zone (no mapping.time_zone): 1 for the state of the check, by kind and state (unconfirmed: held until a new order confirms the zone; fits; off: a new order's stamp lay more than 15 minutes from now in that zone, held)",
+                Family::<Labels2, Gauge>::default(),
             ),
             blocked: registered(
                 &mut registry,

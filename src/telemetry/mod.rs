@@ -397,6 +397,16 @@ impl Telemetry {
         );
     }
 
+    /// The time zone check of `kind` is in `state` (unconfirmed, fits, off).
+    pub fn time_zone_check(&self, kind: &'static str, state: &'static str) {
+        for each in ["unconfirmed", "fits", "off"] {
+            self.m
+                .time_zone
+                .get_or_create(&[("kind", kind), ("state", each)])
+                .set(i64::from(each == state));
+        }
+    }
+
     /// The delay mode was chosen, at start-up, once per process.
     pub fn delay_mode_chosen(&self, mode: &'static str, reason: &str) {
         self.m.delay_mode.get_or_create(&[("mode", mode)]).set(1);

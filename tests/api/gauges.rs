@@ -137,7 +137,10 @@ async fn mapped(backend: Backend) {
         Spawn::new(backend, DelayMode::Ttl)
             .setup(&mall_schema(backend))
             .env("ORDER_TIMEOUT__METRICS__GAUGE_INTERVAL", "200ms")
-            .env("ORDER_TIMEOUT__METRICS__OVERDUE_AFTER", OVERDUE_AFTER),
+            .env("ORDER_TIMEOUT__METRICS__OVERDUE_AFTER", OVERDUE_AFTER)
+            // Known, not guessed: orders stamped an hour ahead would
+            // otherwise be taken for a zone mismatch (`zones`).
+            .env("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "+00:00"),
         false,
     ))
     .await;

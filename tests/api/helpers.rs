@@ -690,8 +690,9 @@ async fn start(
     // Ready means: database answers and every broker role is connected with its topology declared.
     // Generous: with dozens of tests starting at once, the broker declares
     // thousands of queues and bindings before every app is ready.
-    test.wait_ready(Duration::from_secs(120), "service ready")
-        .await;
+    // A mapped table's zone found wrong at start (`time_zone`) leaves the
+    // service unready on purpose: started is enough then.
+    wait_until(Duration::from_secs(120), "service ready", || test.started()).await;
     test
 }
 
@@ -838,6 +839,21 @@ impl Api {
             .await
             .ok()?;
         resp.status().is_success().then_some(())
+    }
+
+    /// Whether `/readyz` says the database and the broker are ready (the
+    /// rest, a zone found wrong, may leave it unready).
+    pub async fn started(&self) -> Option<()> {
+        let body: Value = self
+            .http
+            .get(format!("{}/readyz", self.base))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (body["database"]["ok"] == true && body["broker"]["ok"] == true).then_some(())
     }
 
     /// Waits until `/readyz` answers 200.

@@ -114,7 +114,10 @@ async fn the_planner_uses_the_index() {
         .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "200ms")
         .env("ORDER_TIMEOUT__SWEEPER__GRACE", "0s")
         .env("ORDER_TIMEOUT__METRICS__GAUGE_INTERVAL", "200ms")
-        .env("ORDER_TIMEOUT__CONSUMER__WAKE_AT_DEADLINE", "true");
+        .env("ORDER_TIMEOUT__CONSUMER__WAKE_AT_DEADLINE", "true")
+        // Known, not guessed: the history is closed at once, with no new
+        // order to confirm a guess first (`zones`).
+        .env("ORDER_TIMEOUT__MAPPING__TIME_ZONE", "+00:00");
     // A day to pay: the unpaid orders are waiting, none is due.
     let app =
         spawn_app(mall_mapping(spawn, false).env("ORDER_TIMEOUT__WINDOWS__PAYMENT", "1d")).await;

@@ -607,3 +607,154 @@ async fn postgres_default_zone_unreadable() {
     );
     drop(reader);
 }
+
+// ------------------------------------------- a zone guessed wrong
+
+/// A shop writing at its own offset (its session's zone) on a server left at
+/// UTC, with no `mapping.time_zone`: the server's default is a guess, and
+/// this one reads every stamp hours off. A cron backlog is there at the
+/// first start: one order placed 2 minutes ago (its window, 10 minutes, far
+/// from over), one placed 20 minutes ago (overdue: the cron's tail). Their
+/// timers come early, the catch-up and a sweeper with no grace run: nothing
+/// is closed, early or at all, and the first new order's stamp is reported
+/// within a minute, with the UTC offset that fits, in `/readyz`, the metric
+/// and `doctor`; a stamp already in the future at start is reported at once.
+async fn guessed_wrong(
+    backend: Backend,
+    mode: DelayMode,
+    session: &str,
+    shop_now: &str,
+    fitting: &str,
+) {
+    let mut schema = precise_schema(backend);
+    for (id, ago) in [(1, 2), (2, 20)] {
+        let ago = match backend {
+            Backend::Postgres => format!("INTERVAL '{ago} minutes'"),
+            _ => format!("INTERVAL {ago} MINUTE"),
+        };
+        schema.push(format!(
+            "INSERT INTO oms_order (id, member_id, order_sn, total_amount, status, note, create_time) \
+             VALUES ({id}, 1, 'backlog-{id}', 10.00, 0, 'cron backlog', {shop_now} - {ago})"
+        ));
+    }
+    let spawn = Spawn::new(backend, mode)
+        .setup(&schema.iter().map(String::as_str).collect::<Vec<_>>())
+        .env("ORDER_TIMEOUT__CONSUMER__CATCH_UP", "true")
+        .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
+        .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "200ms")
+        .env("ORDER_TIMEOUT__SWEEPER__GRACE", "0s");
+    let app =
+        spawn_app(mall_mapping(spawn, false).env("ORDER_TIMEOUT__WINDOWS__PAYMENT", "10m")).await;
+    let readyz = || async {
+        app.http
+            .get(format!("{}/readyz", app.base))
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    let at_start = readyz().await;
+    let east = fitting.starts_with('+');
+    let state = &at_start["time_zone"]["kinds"]["payment"]["state"];
+    // West of the guess the stamps look old: no proof yet, held. East of
+    // it they lie in the future, which a stamp written once cannot.
+    assert_eq!(
+        state,
+        if east { "off" } else { "unconfirmed" },
+        "{at_start}"
+    );
+    assert!(
+        at_start["paused"]
+            .as_array()
+            .unwrap()
+            .contains(&"payment".into()),
+        "{at_start}"
+    );
+
+    let shop = Shop::open_session(&app, backend, session).await;
+    let mall = Mall {
+        shop: &shop,
+        text_ids: false,
+    };
+    let publisher = app.publisher().await;
+    for n in [1, 2] {
+        publisher.timeout(&mall.key(n), "payment", 300).await;
+    }
+    let placed = std::time::Instant::now();
+    mall.checkout(3).await;
+    publisher.timeout(&mall.key(3), "payment", 300).await;
+    let report = wait_until(Duration::from_secs(60), "the mismatch reported", || async {
+        let body = readyz().await;
+        let kind = &body["time_zone"]["kinds"]["payment"];
+        (kind["state"] == "off" && body["status"] == "unready").then(|| kind["detail"].to_string())
+    })
+    .await;
+    eprintln!(
+        "mismatch reported {:?} after the first new order: {report}",
+        placed.elapsed()
+    );
+    assert!(report.contains(&format!("fits UTC{fitting}")), "{report}");
+    assert_eq!(
+        app.metric(
+            "order_timeout_time_zone_check",
+            &["kind=\"payment\"", "state=\"off\""]
+        )
+        .await,
+        1.0
+    );
+    // Time for the timers, the catch-up and several sweeper rounds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for n in 1..=3 {
+        assert_eq!(
+            mall.status(n).await,
+            "0",
+            "order {n} closed in a zone guessed wrong"
+        );
+    }
+    let audit = shop
+        .one(
+            &format!("SELECT {} FROM order_timeout_audit", shop.text("COUNT(*)")),
+            vec![],
+        )
+        .await;
+    assert_eq!(audit, "0");
+    // doctor gives the same evidence; the zone that fits, set, passes.
+    let (ok, report) = doctor(&app, &[]);
+    assert!(
+        !ok && report.contains("FAIL  time zone: time zone mismatch: a new payment order's stamp")
+            && report.contains(&format!("fits UTC{fitting}")),
+        "{report}"
+    );
+    let (_, report) = doctor(&app, &[("ORDER_TIMEOUT__MAPPING__TIME_ZONE", fitting)]);
+    assert!(!report.contains("FAIL  time zone"), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guessed_zone_west_of_the_shop_mariadb_ttl() {
+    run(Backend::MariaDb, DelayMode::Ttl, |b, m| {
+        guessed_wrong(
+            b,
+            m,
+            "SET time_zone = '-05:00'",
+            "CONVERT_TZ(UTC_TIMESTAMP(3), '+00:00', '-05:00')",
+            "-05:00",
+        )
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guessed_zone_east_of_the_shop_postgres_plugin() {
+    run(Backend::Postgres, DelayMode::Plugin, |b, m| {
+        guessed_wrong(
+            b,
+            m,
+            "SET TIME ZONE 'Asia/Shanghai'",
+            "CAST(CURRENT_TIMESTAMP AT TIME ZONE 'Asia/Shanghai' AS TIMESTAMP(3))",
+            "+08:00",
+        )
+    })
+    .await;
+}

@@ -12,6 +12,7 @@ use crate::db::store;
 use crate::domain::TimeoutKind;
 use crate::orders::Mapped;
 use crate::settings::{OrdersSource, Settings};
+use crate::zone_check;
 use sea_orm::DatabaseConnection;
 
 mod broker;
@@ -220,6 +221,7 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
             Err(e) => report.fail("time zone", format!("{kind}: {e}")),
         }
     }
+    zone_evidence(report, &mapped, conn).await;
     first_start::check(report, settings, conn, &mapped).await;
     // Rows the service cannot read are never acted on: worth a warning,
     // not a failure (the other orders are served).
@@ -233,5 +235,26 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
         ),
         Ok(None) => {}
         Err(e) => report.fail("ids", e),
+    }
+}
+
+/// What the running service found of a guessed zone (`crate::zone_check`):
+/// per kind read in the server's default zone, whether a new order has
+/// confirmed it, contradicted it (with the offset that would fit), or not
+/// yet, in which case `serve` closes none of that kind, backlog included.
+async fn zone_evidence(report: &mut Report, mapped: &Mapped, conn: &DatabaseConnection) {
+    let zone = mapped.zone.used.to_string();
+    for kind in mapped.zone_guarded() {
+        let verdict = match zone_check::recorded(conn, kind, &zone).await {
+            Ok(verdict) => verdict.unwrap_or(zone_check::Verdict::Unconfirmed),
+            // Before `migrate`, no service has kept anything.
+            Err(_) => zone_check::Verdict::Unconfirmed,
+        };
+        let line = zone_check::describe(mapped, kind, &verdict);
+        match verdict {
+            zone_check::Verdict::Fits => report.ok("time zone", line),
+            zone_check::Verdict::Unconfirmed => report.warn("time zone", line),
+            zone_check::Verdict::Off { .. } => report.fail("time zone", line),
+        }
     }
 }

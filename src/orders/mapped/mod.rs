@@ -44,6 +44,7 @@ use sea_orm::{
 use crate::db::store::{Cause, ExpiryOutcome, LIST_CHUNK};
 use crate::domain::{Millis, OrderKey, StockMove, TimeoutKind};
 pub use indexes::IndexNeed;
+pub use reads::{Stamp, StampValue};
 pub use schema::MappingError;
 use sql::{Clock, Dialect, Sql, Ty};
 
@@ -206,6 +207,21 @@ impl Mapped {
     /// The kind's transition, when the mapping has one.
     fn kind(&self, kind: TimeoutKind) -> Option<&KindSql> {
         self.kinds.get(&kind)
+    }
+
+    /// The kinds whose deadline is reckoned from a zone-less column while
+    /// the zone is the server's default (no `mapping.time_zone`): a guess,
+    /// checked against the rows that appear before they are closed
+    /// (`crate::zone_check`).
+    pub fn zone_guarded(&self) -> Vec<TimeoutKind> {
+        if self.zone.from_setting {
+            return Vec::new();
+        }
+        self.kinds
+            .iter()
+            .filter(|(_, k)| matches!(k.deadline_ty, Ty::Time { zoned: false }))
+            .map(|(kind, _)| *kind)
+            .collect()
     }
 
     /// Whether timeouts of `kind` act on the shop's table.

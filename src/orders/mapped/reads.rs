@@ -296,4 +296,94 @@ impl Mapped {
             ahead_ms,
         }))
     }
+
+    /// The newest deadline column's value among the orders waiting for
+    /// `kind` (in its status, not yet flagged), as the zone check reads it
+    /// (see [`Mapped::zone_guarded`]); `None` when the kind is not mapped.
+    /// An index on the status and the column answers it from one entry.
+    pub async fn newest_waiting(
+        &self,
+        db: &DatabaseConnection,
+        kind: TimeoutKind,
+    ) -> Result<Option<Stamp>, DbErr> {
+        let Some(k) = self.kind(kind) else {
+            return Ok(None);
+        };
+        let d = self.dialect;
+        let newest = format!("MAX({})", k.column);
+        // The column's wall clock taken as UTC, against UTC now: the
+        // offset from UTC of whoever wrote it, if it was written now.
+        let utc_now = match d {
+            Dialect::Postgres => "(CURRENT_TIMESTAMP AT TIME ZONE 'UTC')",
+            Dialect::MySql => "UTC_TIMESTAMP(3)",
+        };
+        // Its instant as epoch milliseconds, exactly (not now + ahead,
+        // which two readings of one stamp can round apart).
+        let epoch = match d {
+            Dialect::Postgres => "TIMESTAMPTZ '1970-01-01 00:00:00+00'",
+            Dialect::MySql => "'1970-01-01 00:00:00'",
+        };
+        let instant = self.clock.instant(&newest, &k.deadline_ty);
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {}, {}, {}, {}, {} FROM {} WHERE {} = ",
+            d.as_text(&newest),
+            d.millis_until(&instant, self.clock.instant_now()),
+            d.millis_until(&newest, utc_now),
+            d.epoch_ms_now(),
+            d.millis_until(&instant, epoch),
+            self.table,
+            self.status
+        ));
+        self.bind_status(&mut sql, &k.from);
+        sql.push(&k.unflagged());
+        let row = db
+            .query_one_raw(sql.build())
+            .await?
+            .ok_or_else(|| DbErr::Custom("an aggregate query returned no row".into()))?;
+        let value: Option<String> = row.try_get_by_index(0)?;
+        let ahead_ms: Option<i64> = row.try_get_by_index(1)?;
+        let utc_ahead_ms: Option<i64> = row.try_get_by_index(2)?;
+        let now: i64 = row.try_get_by_index(3)?;
+        let instant: Option<i64> = row.try_get_by_index(4)?;
+        Ok(Some(Stamp {
+            since: k.since,
+            value: match (value, ahead_ms, utc_ahead_ms, instant) {
+                (Some(text), Some(ahead), Some(utc), Some(instant)) => Some(StampValue {
+                    text,
+                    ahead_ms: ahead,
+                    instant: Millis(instant),
+                    offset_ms: utc,
+                }),
+                _ => None,
+            },
+            now: Millis(now),
+        }))
+    }
+}
+
+/// The newest deadline column's value among a kind's waiting orders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    /// Whether the column is a `since_column` (written when the order
+    /// enters the status), else a `deadline_column` (a time ahead).
+    pub since: bool,
+    /// The value; `None` when no order waits.
+    pub value: Option<StampValue>,
+    /// The database's clock when it was read.
+    pub now: Millis,
+}
+
+/// A stamp of a zone-less column, read in the zone in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StampValue {
+    /// As the database spells it.
+    pub text: String,
+    /// How far its instant lies after the database's now (negative: before).
+    pub ahead_ms: i64,
+    /// Its instant in the zone in use.
+    pub instant: Millis,
+    /// How far its wall clock, taken as UTC, lies after UTC now: the
+    /// writer's offset from UTC when it was written just now.
+    pub offset_ms: i64,
 }
