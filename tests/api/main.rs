@@ -83,6 +83,7 @@ mod lifecycle; // the whole order lifecycle, races and refusals
 mod mapped; // a shop's own tables: the mall schema, UUID ids, mappings refused by name
 mod mapped_indexes; // a shop's table in production: the index each kind needs, doctor's advice, the plans
 mod mapped_roles; // least privilege on a shop's database: column rights on the mapped columns
+mod mapped_roles_mariadb; // the same on MariaDB: its two scripts, before and after the migration; doctor names a missing grant
 mod metrics; // every documented metric after a timeout cycle
 mod migrations; // instances starting at once on an empty database take turns migrating; --version
 mod native; // the native stage (RabbitMQ 4.3+): mode switches, held timers counted, restarts

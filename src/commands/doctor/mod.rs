@@ -17,6 +17,7 @@ use sea_orm::DatabaseConnection;
 
 mod broker;
 mod first_start;
+mod grants;
 mod mapped_indexes;
 
 use broker::{check_broker, check_stages, check_topology};
@@ -184,6 +185,7 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
         );
     }
     mapped_indexes::check(report, &mapped, conn).await;
+    grants::check(report, &mapped, conn).await;
     // The zone and where it came from are among the findings above.
     let zone = &mapped.zone;
     for kind in TimeoutKind::ALL {

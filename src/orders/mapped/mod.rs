@@ -26,6 +26,7 @@
 //! its own (audit, events) goes to its `order_timeout_*` tables.
 
 mod indexes;
+pub mod needs;
 mod reads;
 mod record;
 mod schema;
