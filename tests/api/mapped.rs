@@ -1284,12 +1284,16 @@ async fn mapped_catch_up_postgres_plugin() {
 /// The deadline wake on a shop's table: no message at all, and the catch-up
 /// reads when the next mall order falls due (its `since_column` plus the
 /// window, by the database's clock in the shop's zone) and closes every
-/// unpaid one with its stock then.
+/// unpaid one with its stock then. The window, 6 s, is past the wake's 5 s
+/// re-read, as a real one is: how late that leaves an order, against the
+/// deadline its whole-second `create_time` gives, is printed (the README's
+/// figure for a shop that publishes nothing).
 async fn mapped_deadlines_wake_the_catch_up(backend: Backend, mode: DelayMode) {
     let spawn = Spawn::new(backend, mode)
         .setup(&mall_schema(backend))
         .env("ORDER_TIMEOUT__CONSUMER__WAKE_AT_DEADLINE", "true");
-    let app = spawn_app(mall_mapping(spawn, false)).await;
+    let app =
+        spawn_app(mall_mapping(spawn, false).env("ORDER_TIMEOUT__WINDOWS__PAYMENT", "6s")).await;
     let shop = Shop::open(&app, backend).await;
     let mall = Mall {
         shop: &shop,
@@ -1300,6 +1304,23 @@ async fn mapped_deadlines_wake_the_catch_up(backend: Backend, mode: DelayMode) {
     }
     // Every one by a catch-up: no message came.
     all_ten_closed(&app, &mall, Duration::from_secs(20), 10.0).await;
+    let mut late: Vec<i64> = shop
+        .rows(
+            &format!("SELECT {} FROM order_timeout_audit", shop.text("late_ms")),
+            vec![],
+        )
+        .await
+        .iter()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    late.sort_unstable();
+    eprintln!(
+        "{backend:?} {mode:?}: no message, closed by the deadline wake: lateness p50 {} ms, max {} ms ({} orders)",
+        late[late.len() / 2],
+        late[late.len() - 1],
+        late.len()
+    );
+    assert!(late[0] >= 0 && late[late.len() - 1] < 2_000, "{late:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
