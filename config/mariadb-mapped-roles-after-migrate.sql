@@ -15,8 +15,10 @@ GRANT SELECT ON order_timeout_migrations TO 'order_timeout_serve'@'%';
 -- The domain events' outbox (written with each transition, claimed,
 -- published, deleted), the audit trail (written, read for an order's story,
 -- its old rows deleted by `audit.retention`), the roles paused for every
--- instance, and what the zone check found of a guessed zone.
+-- instance, what the zone check found of a guessed zone, and what shadow
+-- mode (orders.shadow) recorded.
 GRANT SELECT, INSERT, UPDATE, DELETE ON order_timeout_events TO 'order_timeout_serve'@'%';
 GRANT SELECT, INSERT, UPDATE, DELETE ON order_timeout_audit TO 'order_timeout_serve'@'%';
 GRANT SELECT, INSERT, UPDATE, DELETE ON order_timeout_pauses TO 'order_timeout_serve'@'%';
 GRANT SELECT, INSERT, UPDATE, DELETE ON order_timeout_zone_checks TO 'order_timeout_serve'@'%';
+GRANT SELECT, INSERT, UPDATE, DELETE ON order_timeout_shadow TO 'order_timeout_serve'@'%';

@@ -5,7 +5,7 @@
 --   order_timeout_owner  creates and migrates the service's bookkeeping
 --                        tables (order_timeout_*, next to the shop's):
 --                        `order-timeout migrate up` runs as it; it may create
---                        those five tables and no other, and has no right on
+--                        those six tables and no other, and has no right on
 --                        the shop's own tables
 --   order_timeout_serve  runs the service: `serve` with
 --                        database.migrate_on_start = false runs as it; on the
@@ -64,6 +64,8 @@ GRANT CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE
     ON order_timeout_pauses TO 'order_timeout_owner'@'%';
 GRANT CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE
     ON order_timeout_zone_checks TO 'order_timeout_owner'@'%';
+GRANT CREATE, ALTER, INDEX, DROP, SELECT, INSERT, UPDATE, DELETE
+    ON order_timeout_shadow TO 'order_timeout_owner'@'%';
 
 -- The shop's orders: read the columns the statements compare (id_column,
 -- status_column, each kind's since_column or deadline_column), write the

@@ -172,6 +172,7 @@ impl Application {
         tasks.spawn(gauges::run(ctx.clone(), shutdown.clone()));
         tasks.spawn(pausing::follow(ctx.clone(), shutdown.clone()));
         tasks.spawn(zone_check::run(ctx.clone(), shutdown.clone()));
+        tasks.spawn(crate::shadow::run(ctx.clone(), shutdown.clone()));
         if ctx.orders.is_owned() {
             // Only the service's own checkouts write idempotency keys.
             tasks.spawn(http::idempotency::clean(ctx.clone(), shutdown.clone()));

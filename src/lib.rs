@@ -53,6 +53,7 @@ pub(crate) mod reload;
 pub mod retention;
 pub(crate) mod server;
 pub mod settings;
+pub(crate) mod shadow;
 pub mod sweeper;
 pub(crate) mod telemetry;
 pub mod traces;

@@ -32,6 +32,7 @@ mod m20261217_000002_add_audit_lateness;
 mod m20261220_000001_add_event_trace_context;
 mod m20261220_000007_add_outbox_trace_context;
 mod m20261221_000001_create_zone_checks;
+mod m20261222_000001_create_shadow;
 
 /// All migrations of the service, oldest first.
 pub struct Migrator;
@@ -70,6 +71,7 @@ impl MigratorTrait for Bookkeeping {
             Box::new(m20261217_000002_add_audit_lateness::Migration),
             Box::new(m20261220_000001_add_event_trace_context::Migration),
             Box::new(m20261221_000001_create_zone_checks::Migration),
+            Box::new(m20261222_000001_create_shadow::Migration),
         ]
     }
 

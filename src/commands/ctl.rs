@@ -49,6 +49,9 @@ pub enum CtlAction {
         /// The order's id, as on the wire.
         id: String,
     },
+    /// Shadow mode's report (orders.shadow): per kind, what the service
+    /// would have done beside what the shop (its cron) did.
+    Shadow,
 }
 
 /// Where to reach the instance, and as whom.
@@ -96,6 +99,7 @@ pub async fn run(
             format!("/admin/resume/{role}{}", scope(*instance)),
         ),
         CtlAction::Reload => (Method::POST, "/admin/reload".to_string()),
+        CtlAction::Shadow => (Method::GET, "/admin/shadow".to_string()),
         CtlAction::Order { id } => (
             Method::GET,
             format!(
@@ -280,6 +284,53 @@ fn render(action: &CtlAction, body: &Value) -> String {
             out += &restart_lines(&body["restart_needed"]);
         }
         CtlAction::Order { .. } => out += &story(body),
+        CtlAction::Shadow => out += &shadow(body),
+    }
+    out
+}
+
+/// Shadow mode's report for people: per kind, the counts, the two
+/// latenesses and the first orders that stand out.
+fn shadow(body: &Value) -> String {
+    let mut out = format!(
+        "shadow mode, now {} (the database's clock)\n",
+        text(&body["now"])
+    );
+    let spread = |s: &Value| match s["n"].as_u64() {
+        Some(0) | None => "none".to_string(),
+        Some(n) => format!(
+            "p50 {} ms, p99 {} ms, max {} ms ({n})",
+            s["p50"], s["p99"], s["max"]
+        ),
+    };
+    for kind in body["kinds"].as_array().into_iter().flatten() {
+        let r = &kind["report"];
+        out += &format!(
+            "{}: would close {}; the shop closed {} after us, {} before us, {} before their deadline; {} still open; {} disagreements\n",
+            text(&kind["kind"]),
+            r["would_close"],
+            r["shop_closed_after_us"],
+            r["shop_closed_before_us"],
+            r["closed_early"],
+            r["still_open"],
+            r["disagreements"]
+        );
+        out += &format!("  the shop's lateness: {}\n", spread(&r["shop_late_ms"]));
+        out += &format!("  ours: {}\n", spread(&r["our_late_ms"]));
+        for (list, what) in [
+            ("first_early", "closed early"),
+            ("first_disagreements", "disagreement"),
+            ("first_still_open", "still open"),
+        ] {
+            for n in r[list].as_array().into_iter().flatten() {
+                out += &format!(
+                    "  {what}: order {} ({}), {} ms after its deadline\n",
+                    text(&n["order_id"]),
+                    n["status"].as_str().unwrap_or("open"),
+                    n["after_deadline_ms"]
+                );
+            }
+        }
     }
     out
 }

@@ -47,6 +47,7 @@ mod inventory;
 mod operations;
 mod orders;
 mod overview;
+mod shadow;
 mod story;
 pub mod ui;
 
@@ -247,6 +248,7 @@ fn routes(protect_operations: bool) -> (Router<Arc<Context>>, utoipa::openapi::O
         .routes(routes!(overview::overview))
         .routes(routes!(story::order_story))
         .routes(routes!(deadlines::deadlines))
+        .routes(routes!(shadow::shadow))
         .split_for_parts();
     declare_security(&mut doc, protect_operations);
     (router, doc)

@@ -459,6 +459,8 @@ settings! {
     orders in mapping, check None, opt_in false => {
         /// owned (its own tables, filled by its API) or mapped (a shop's table, described by mapping.*).
         source: OrdersSource = "owned", |k, v, _| parse_choice(k, v, &OrdersSource::ALL, OrdersSource::as_str);
+        /// Mapped only: decide as serve does, change nothing, record it beside the shop's own closes.
+        shadow: bool = "false", |k, v, _| parse_bool(k, v);
     }
     /// A shop's own orders table, for orders.source = "mapped" (see config/mall.toml); refused otherwise.
     mapping in mapping, check Some(check_mapping), opt_in true => {

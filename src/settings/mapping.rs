@@ -84,6 +84,9 @@ impl StockMapping {
 pub struct MappingSettings {
     /// Whose orders.
     pub source: OrdersSource,
+    /// Shadow mode: decide as `serve` would, change nothing of the shop's,
+    /// record the decisions (`crate::shadow`).
+    pub shadow: bool,
     /// The orders table, `name` or `schema.name`.
     pub table: String,
     /// Its primary key (integer, text or UUID: found in the database).
@@ -286,6 +289,12 @@ pub(super) fn parse_release_sql(key: &str, value: &str) -> Result<Vec<String>, S
 pub(super) fn check_mapping(settings: &Settings) -> Result<(), SettingsError> {
     let m = &settings.mapping;
     if m.source == OrdersSource::Owned {
+        if m.shadow {
+            return Err(invalid(
+                "orders.shadow",
+                "is true but `orders.source` is owned: shadow mode records what the service would do to a shop's own table; set `orders.source = \"mapped\"`, or leave it false",
+            ));
+        }
         if let Some(key) = settings
             .sources
             .keys()

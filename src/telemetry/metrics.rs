@@ -53,6 +53,7 @@ pub(super) struct Metrics {
     pub(super) auth_refused: Family<Labels1, Counter>,
     pub(super) delay_mode: Family<Labels1, Gauge>,
     pub(super) time_zone: Family<Labels2, Gauge>,
+    pub(super) shadow: Family<Labels2, Gauge>,
     pub(super) blocked: Family<Labels1, Counter>,
     pub(super) task_panics: Family<Labels1, Counter>,
     pub(super) pending_timeouts: Family<Labels1, Gauge>,
@@ -284,6 +285,12 @@ impl Metrics {
                 &mut registry,
                 "time_zone_check",
                 "Mapped kinds read in the database server's default zone (no mapping.time_zone): 1 for the state of the check, by kind and state (unconfirmed: held until a new order confirms the zone; fits; off: a new order's stamp lay more than 15 minutes from now in that zone, held)",
+                Family::<Labels2, Gauge>::default(),
+            ),
+            shadow: registered(
+                &mut registry,
+                "shadow_orders",
+                "Shadow mode (orders.shadow): orders by kind and outcome: would_close (the service would have closed them), shop_closed_after_us, shop_closed_before_us, closed_early (the shop closed them before their deadline), still_open (would have closed, the shop has not changed them), disagreements (would have closed, the shop moved them elsewhere)",
                 Family::<Labels2, Gauge>::default(),
             ),
             blocked: registered(

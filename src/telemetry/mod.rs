@@ -407,6 +407,23 @@ impl Telemetry {
         }
     }
 
+    /// Shadow mode's report of `kind` was counted.
+    pub fn shadow_counted(&self, kind: &'static str, r: &crate::orders::mapped::ShadowReport) {
+        for (outcome, n) in [
+            ("would_close", r.would_close),
+            ("shop_closed_after_us", r.shop_closed_after_us),
+            ("shop_closed_before_us", r.shop_closed_before_us),
+            ("closed_early", r.closed_early),
+            ("still_open", r.still_open),
+            ("disagreements", r.disagreements),
+        ] {
+            self.m
+                .shadow
+                .get_or_create(&[("kind", kind), ("outcome", outcome)])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
     /// The delay mode was chosen, at start-up, once per process.
     pub fn delay_mode_chosen(&self, mode: &'static str, reason: &str) {
         self.m.delay_mode.get_or_create(&[("mode", mode)]).set(1);

@@ -41,7 +41,7 @@ const ON_HAND: i64 = 10_000;
 /// The shop's tables: orders with a stored deadline and a column of the
 /// cron's own, order lines, stock, and a log of every stock release (who
 /// gave back which order's stock).
-fn schema(backend: Backend) -> Vec<&'static str> {
+pub(crate) fn schema(backend: Backend) -> Vec<&'static str> {
     match backend {
         Backend::Postgres => vec![
             "CREATE TABLE shop_orders (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL, \
@@ -72,7 +72,7 @@ fn schema(backend: Backend) -> Vec<&'static str> {
 /// `cancelled_at`; the lines' quantities leave `reserved` for `on_hand`; the
 /// service's own release statement logs each release as the service's.
 /// Shipped orders are completed at `confirm_by`.
-fn mapping(spawn: Spawn, backend: Backend) -> Spawn {
+pub(crate) fn mapping(spawn: Spawn, backend: Backend) -> Spawn {
     let id = match backend {
         Backend::Postgres => "$1",
         _ => "?",
@@ -118,7 +118,7 @@ fn mapping(spawn: Spawn, backend: Backend) -> Spawn {
 }
 
 /// The lines of order `n`: two SKUs, `(sku, quantity)`.
-fn lines(n: i64) -> [(i64, i64); 2] {
+pub(crate) fn lines(n: i64) -> [(i64, i64); 2] {
     [(n % 4 + 1, n % 3 + 1), ((n + 1) % 4 + 1, 1)]
 }
 
@@ -132,7 +132,7 @@ fn at(backend: Backend, ms: i64) -> String {
 
 /// The shop's checkout for many orders at once, in one transaction: each
 /// `(id, status, deadline in ms from now)`, its lines, its reserved stock.
-async fn place(shop: &Shop, backend: Backend, orders: &[(i64, &str, i64)]) {
+pub(crate) async fn place(shop: &Shop, backend: Backend, orders: &[(i64, &str, i64)]) {
     let rows: Vec<String> = orders
         .iter()
         .map(|(n, status, ms)| format!("({n}, '{status}', {})", at(backend, *ms)))
@@ -199,7 +199,7 @@ async fn cron(db: DatabaseConnection, backend: Backend, stop: Arc<AtomicBool>) -
     let mut run = CronRun::default();
     while !stop.load(Ordering::SeqCst) {
         run.rounds += 1;
-        match cancel_due(&db, backend, run.rounds).await {
+        match cancel_due(&db, backend, run.rounds, &Rule::default()).await {
             Ok(won) => run.won.extend(won),
             Err(e) => run.refused.push(format!("run {}: {e}", run.rounds)),
         }
@@ -208,32 +208,55 @@ async fn cron(db: DatabaseConnection, backend: Backend, stop: Arc<AtomicBool>) -
     run
 }
 
+/// A shop's own rule of what its cron cancels, besides the deadline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rule {
+    /// It cancels orders whose deadline falls before now plus this (a cron
+    /// that closes early, by a wrong window or comparison; 0: on time).
+    pub(crate) early_ms: i64,
+    /// Orders with an id from this one on are spared (a shop's exception).
+    pub(crate) spare_from: i64,
+}
+
+impl Default for Rule {
+    fn default() -> Self {
+        Self {
+            early_ms: 0,
+            spare_from: i64::MAX,
+        }
+    }
+}
+
 /// One run of the cron, as a shop writes it: lock the pending orders past
 /// their deadline in id order, cancel them with one conditional `UPDATE`
 /// (marked with the run, as a shop without `UPDATE … RETURNING` does), and
 /// give back the stock of exactly the rows that update changed, stock rows
 /// locked in SKU order, in the same transaction. Returns those orders.
-async fn cancel_due(
+pub(crate) async fn cancel_due(
     db: &DatabaseConnection,
     backend: Backend,
     round: u64,
+    rule: &Rule,
 ) -> Result<Vec<i64>, sea_orm::DbErr> {
     let now = match backend {
         Backend::Postgres => "CURRENT_TIMESTAMP",
         _ => "NOW(3)",
     };
+    // The cron's "now" for the deadline: its own, early or not.
+    let due = at(backend, rule.early_ms);
+    let spared = format!("id < {}", rule.spare_from);
     let txn = db.begin().await?;
     let exec = |sql: String| {
         let txn = &txn;
         async move { txn.execute_unprepared(&sql).await }
     };
     exec(format!(
-        "SELECT id FROM shop_orders WHERE status = 'pending' AND deadline < {now} ORDER BY id FOR UPDATE"
+        "SELECT id FROM shop_orders WHERE status = 'pending' AND deadline < {due} AND {spared} ORDER BY id FOR UPDATE"
     ))
     .await?;
     let changed = exec(format!(
         "UPDATE shop_orders SET status = 'cancelled', cancelled_by = 'cron', cron_run = {round}, \
-         cancelled_at = {now} WHERE status = 'pending' AND deadline < {now}"
+         cancelled_at = {now} WHERE status = 'pending' AND deadline < {due} AND {spared}"
     ))
     .await?
     .rows_affected();
@@ -275,7 +298,7 @@ async fn cancel_due(
 }
 
 /// Ids of a query's rows (an integer in the first column, read as text).
-async fn ids(shop: &Shop, sql: &str) -> BTreeSet<i64> {
+pub(crate) async fn ids(shop: &Shop, sql: &str) -> BTreeSet<i64> {
     shop.rows(sql, vec![])
         .await
         .iter()

@@ -93,6 +93,7 @@ mod reload; // settings reloaded while running: SIGHUP, /admin/reload, ctl reloa
 mod roles; // least privilege on the database: serve on row rights only
 mod routes; // the authorization matrix over every route, and every spelling of one
 mod settings; // the binary's contracts: settings, doctor, demo
+mod shadow; // shadow mode beside a real cron: the shop's tables untouched, the report against the table's truth
 mod shared_pauses; // pauses kept in the database: across restarts and instances; per-instance pauses
 mod stages; // the delay stages on the real plugin, TTL and quorum queues
 mod statuses; // status columns of every type: MariaDB ENUM, PostgreSQL enums, char(n)

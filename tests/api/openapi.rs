@@ -41,6 +41,7 @@ async fn openapi_document_matches_what_the_api_does() {
         ("GET", "/admin/deadlines"),
         ("GET", "/admin/orders/{id}"),
         ("GET", "/admin/overview"),
+        ("GET", "/admin/shadow"),
         ("GET", "/admin/status"),
         ("GET", "/healthz"),
         ("GET", "/inventory/{sku}"),
@@ -125,6 +126,8 @@ async fn openapi_document_matches_what_the_api_does() {
         ),
         ("GET", "/inventory/{sku}", "/inventory/DOC".into(), None),
         ("GET", "/inventory/{sku}", "/inventory/NOPE".into(), None),
+        // Owned orders: not in shadow mode (its 200 is shadow's own test's).
+        ("GET", "/admin/shadow", "/admin/shadow".into(), None),
         (
             "POST",
             "/orders",

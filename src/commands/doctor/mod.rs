@@ -224,6 +224,7 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
         }
     }
     zone_evidence(report, &mapped, conn).await;
+    shadow_state(report, &mapped, conn).await;
     first_start::check(report, settings, conn, &mapped).await;
     // Rows the service cannot read are never acted on: worth a warning,
     // not a failure (the other orders are served).
@@ -257,6 +258,41 @@ async fn zone_evidence(report: &mut Report, mapped: &Mapped, conn: &DatabaseConn
             zone_check::Verdict::Fits => report.ok("time zone", line),
             zone_check::Verdict::Unconfirmed => report.warn("time zone", line),
             zone_check::Verdict::Off { .. } => report.fail("time zone", line),
+        }
+    }
+}
+
+/// Shadow mode (`orders.shadow`): on, and what it recorded so far per kind;
+/// nothing when it is off.
+async fn shadow_state(report: &mut Report, mapped: &Mapped, conn: &DatabaseConnection) {
+    if !mapped.is_shadow() {
+        return;
+    }
+    report.ok(
+        "shadow",
+        "on: serve decides as usual but writes nothing to the shop's tables and publishes no events; GET /admin/shadow (order-timeout ctl shadow) sets its decisions beside the shop's",
+    );
+    let now = match db::clock::now(conn).await {
+        Ok(now) => now,
+        Err(e) => return report.fail("shadow", format!("cannot read the clock: {e}")),
+    };
+    for kind in TimeoutKind::ALL {
+        match mapped.shadow_report(conn, kind, now).await {
+            Ok(Some(r)) => report.ok(
+                "shadow",
+                format!(
+                    "{kind}: would close {}; the shop closed {} after us, {} before us, {} before their deadline; {} still open; {} disagreements",
+                    r.would_close,
+                    r.shop_closed_after_us,
+                    r.shop_closed_before_us,
+                    r.closed_early,
+                    r.still_open,
+                    r.disagreements
+                ),
+            ),
+            Ok(None) => {}
+            // Before `migrate`, nothing is recorded.
+            Err(e) => return report.note("shadow", format!("nothing recorded yet ({e})")),
         }
     }
 }

@@ -32,6 +32,7 @@ mod record;
 mod schema;
 #[cfg(test)]
 mod seasons;
+mod shadow;
 pub mod sql;
 mod stock;
 mod story;
@@ -47,6 +48,7 @@ use crate::domain::{Millis, OrderKey, StockMove, TimeoutKind};
 pub use indexes::IndexNeed;
 pub use reads::{Stamp, StampValue};
 pub use schema::MappingError;
+pub use shadow::ShadowReport;
 use sql::{Clock, Dialect, Sql, Ty};
 
 /// A mapping checked against the database, with its statements' pieces.
@@ -77,6 +79,8 @@ pub struct Mapped {
     stock: Option<StockSql>,
     /// The operator's release statements.
     release_sql: Vec<String>,
+    /// Shadow mode: decisions recorded, nothing of the shop's written.
+    shadow: bool,
     /// What `load` found, one line each, for `doctor`.
     pub findings: Vec<String>,
 }
@@ -318,6 +322,9 @@ impl Mapped {
                 .map(|key| (key.clone(), unmapped.clone()))
                 .collect());
         };
+        if self.shadow {
+            return self.shadow_expire(db, kind, k, keys, now, cause).await;
+        }
         let sorted = self.sorted(keys);
         let txn = db.begin().await?;
         self.lock(&txn, &sorted).await?;

@@ -230,6 +230,7 @@ mod tests {
             status_name: "status".into(),
             status_cast: None,
             stamp: Some((q("modify_time"), Ty::Time { zoned: false })),
+            shadow: false,
             kinds,
             stock: Some(StockSql {
                 items: q("oms_order_item"),

@@ -47,6 +47,7 @@ impl Mapped {
             .push(" AND ")
             .push(&k.passed(clock, grace.as_millis()));
         sql.push(&k.unflagged());
+        sql.push(&self.unshadowed(kind));
         if let Some(after) = after {
             sql.push(&format!(" AND {} > ", self.id))
                 .bind(self.raw_value(after, &self.id_ty));
@@ -134,6 +135,7 @@ impl Mapped {
         ));
         self.bind_status(&mut sql, &k.from);
         sql.push(&k.unflagged());
+        sql.push(&self.unshadowed(kind));
         let row = db
             .query_one_raw(sql.build())
             .await?
@@ -317,12 +319,6 @@ impl Mapped {
             Dialect::Postgres => "(CURRENT_TIMESTAMP AT TIME ZONE 'UTC')",
             Dialect::MySql => "UTC_TIMESTAMP(3)",
         };
-        // Its instant as epoch milliseconds, exactly (not now + ahead,
-        // which two readings of one stamp can round apart).
-        let epoch = match d {
-            Dialect::Postgres => "TIMESTAMPTZ '1970-01-01 00:00:00+00'",
-            Dialect::MySql => "'1970-01-01 00:00:00'",
-        };
         let instant = self.clock.instant(&newest, &k.deadline_ty);
         let mut sql = Sql::new(d);
         sql.push(&format!(
@@ -331,7 +327,8 @@ impl Mapped {
             d.millis_until(&instant, self.clock.instant_now()),
             d.millis_until(&newest, utc_now),
             d.epoch_ms_now(),
-            d.millis_until(&instant, epoch),
+            // Exact: now plus the time until it could round two readings apart.
+            d.epoch_ms(&instant),
             self.table,
             self.status
         ));

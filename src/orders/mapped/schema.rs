@@ -513,6 +513,7 @@ impl Mapped {
             stock,
             release_sql: m.release_sql.clone(),
             findings,
+            shadow: m.shadow,
         };
         mapped.try_release_sql(db).await?;
         Ok(mapped)

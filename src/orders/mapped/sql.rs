@@ -69,6 +69,16 @@ impl Dialect {
         }
     }
 
+    /// An instant (as [`Clock::instant`] gives one) as whole milliseconds
+    /// since the Unix epoch, a BIGINT: exact, where now plus the time until
+    /// it could round two readings of one value apart.
+    pub fn epoch_ms(self, instant: &str) -> String {
+        match self {
+            Self::Postgres => self.millis_until(instant, "TIMESTAMPTZ '1970-01-01 00:00:00+00'"),
+            Self::MySql => self.millis_until(instant, "'1970-01-01 00:00:00'"),
+        }
+    }
+
     /// The statement's clock as whole milliseconds since the Unix epoch, a
     /// BIGINT: the same instant as every [`Clock::now`] of the statement
     /// (PostgreSQL's `CURRENT_TIMESTAMP` and MySQL's `NOW()` and
