@@ -472,14 +472,21 @@ impl Mapped {
         if let Some((stamp, ty)) = &self.stamp {
             sql.push(&format!(", {stamp} = {}", self.clock.now(ty)));
         }
+        self.push_due(&mut sql, k, key);
+        sql.build()
+    }
+
+    /// ` WHERE` the order is `key`, in the status `k` acts on, past its
+    /// deadline and not flagged: the transition's condition, which shadow
+    /// mode reads instead of writing.
+    fn push_due(&self, sql: &mut Sql, k: &KindSql, key: &OrderKey) {
         sql.push(&format!(" WHERE {} = ", self.id))
             .bind(self.key_value(key, &self.id_ty))
             .push(&format!(" AND {} = ", self.status));
-        self.bind_status(&mut sql, &k.from)
+        self.bind_status(sql, &k.from)
             .push(" AND ")
             .push(&k.passed(&self.clock, 0));
         sql.push(&k.unflagged());
-        sql.build()
     }
 
     /// What one order's row says after the transitions: applied (with its

@@ -74,16 +74,8 @@ impl Mapped {
     /// conditional update would change the order.
     fn would(&self, k: &KindSql, key: &OrderKey) -> sea_orm::Statement {
         let mut sql = Sql::new(self.dialect);
-        sql.push(&format!(
-            "SELECT 1 FROM {} WHERE {} = ",
-            self.table, self.id
-        ))
-        .bind(self.key_value(key, &self.id_ty))
-        .push(&format!(" AND {} = ", self.status));
-        self.bind_status(&mut sql, &k.from)
-            .push(" AND ")
-            .push(&k.passed(&self.clock, 0));
-        sql.push(&k.unflagged());
+        sql.push(&format!("SELECT 1 FROM {}", self.table));
+        self.push_due(&mut sql, k, key);
         sql.build()
     }
 
