@@ -92,6 +92,7 @@ mod outages; // the broker and the database go away and come back
 mod reload; // settings reloaded while running: SIGHUP, /admin/reload, ctl reload
 mod roles; // least privilege on the database: serve on row rights only
 mod routes; // the authorization matrix over every route, and every spelling of one
+mod seasons_e2e; // a database whose clock crosses a spring jump (libfaketime): none closed early, all within 1 s
 mod settings; // the binary's contracts: settings, doctor, demo
 mod shadow; // shadow mode beside a real cron: the shop's tables untouched, the report against the table's truth
 mod shared_pauses; // pauses kept in the database: across restarts and instances; per-instance pauses
