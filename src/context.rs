@@ -101,7 +101,7 @@ pub struct Context {
     /// Which roles are paused.
     pub pauses: Pauses,
     /// What the time zone check found of each guarded kind (`zone_check`).
-    pub zone_checks: crate::zone_check::ZoneChecks,
+    pub zone_checks: crate::zone_check::verdicts::ZoneChecks,
     /// Exchange and queue names.
     pub names: Names,
     /// The database pool of the background work: consumers, relay, sweeper.

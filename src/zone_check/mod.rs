@@ -17,8 +17,9 @@
 //! confirmation and stays held after a mismatch. `mapping.time_zone` set
 //! explicitly is trusted: nothing here runs.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+pub mod verdicts;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, TransactionTrait, Value};
@@ -29,6 +30,7 @@ use crate::control::{Pausable, Pause, PauseScope};
 use crate::domain::{Millis, TimeoutKind};
 use crate::orders::mapped::sql::{Dialect, Sql};
 use crate::orders::mapped::{Mapped, Stamp, StampValue};
+pub use verdicts::Verdict;
 
 /// How far a just-written stamp may lie from the database's now.
 pub const TOLERANCE: Duration = Duration::from_secs(15 * 60);
@@ -38,69 +40,6 @@ const WATCH: Duration = Duration::from_secs(1);
 
 /// Who holds a kind whose zone is not confirmed, as its pause says.
 pub const HOLDER: &str = "order-timeout time zone check";
-
-/// What the check knows of one kind.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// No order has appeared since the zone was guessed: held.
-    Unconfirmed,
-    /// A new order's stamp fit the zone.
-    Fits,
-    /// A new order's stamp lay `ahead_ms` from now; `fitting` is the UTC
-    /// offset it would fit. Held.
-    Off {
-        ahead_ms: i64,
-        fitting: String,
-        stamp: String,
-    },
-}
-
-impl Verdict {
-    /// As the metric's `state` label and `/readyz` spell it.
-    pub fn state(&self) -> &'static str {
-        match self {
-            Self::Unconfirmed => "unconfirmed",
-            Self::Fits => "fits",
-            Self::Off { .. } => "off",
-        }
-    }
-}
-
-/// Each guarded kind's verdict, for `/readyz` and the page, and the newest
-/// stamps read at start, which a new order's must exceed to count.
-#[derive(Debug, Default)]
-pub struct ZoneChecks {
-    verdicts: Mutex<BTreeMap<TimeoutKind, Verdict>>,
-    baselines: Mutex<BTreeMap<TimeoutKind, Stamp>>,
-}
-
-impl ZoneChecks {
-    /// The kinds whose zone a new order contradicted, each with why.
-    pub fn mismatched(&self) -> Vec<(TimeoutKind, Verdict)> {
-        let verdicts = self.verdicts.lock().unwrap_or_else(|e| e.into_inner());
-        verdicts
-            .iter()
-            .filter(|(_, v)| matches!(v, Verdict::Off { .. }))
-            .map(|(k, v)| (*k, v.clone()))
-            .collect()
-    }
-
-    /// Every guarded kind's verdict.
-    pub fn all(&self) -> Vec<(TimeoutKind, Verdict)> {
-        let verdicts = self.verdicts.lock().unwrap_or_else(|e| e.into_inner());
-        verdicts.iter().map(|(k, v)| (*k, v.clone())).collect()
-    }
-
-    fn get(&self, kind: TimeoutKind) -> Option<Verdict> {
-        let verdicts = self.verdicts.lock().unwrap_or_else(|e| e.into_inner());
-        verdicts.get(&kind).cloned()
-    }
-
-    fn set(&self, kind: TimeoutKind, verdict: Verdict) {
-        let mut verdicts = self.verdicts.lock().unwrap_or_else(|e| e.into_inner());
-        verdicts.insert(kind, verdict);
-    }
-}
 
 /// Whether a stamp that appeared within the last `elapsed_ms` fits the zone:
 /// a `since_column` (written as the order enters the status) lies within
@@ -311,12 +250,7 @@ pub async fn load(ctx: &Context) -> Result<(), DbErr> {
             None => kept.unwrap_or(Verdict::Unconfirmed),
         };
         apply(ctx, mapped, kind, verdict, stamp.now).await;
-        let mut baselines = ctx
-            .zone_checks
-            .baselines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        baselines.insert(kind, stamp);
+        ctx.zone_checks.set_baseline(kind, stamp);
     }
     Ok(())
 }
@@ -328,13 +262,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         return;
     };
     let zone = mapped.zone.used.to_string();
-    let mut last = std::mem::take(
-        &mut *ctx
-            .zone_checks
-            .baselines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()),
-    );
+    let mut last = ctx.zone_checks.take_baselines();
     if last.is_empty() {
         return;
     }
