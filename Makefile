@@ -122,8 +122,9 @@ test-manifests: $(VENV)/.installed broker databases
 
 # The page in a real browser: Debian's Chromium, headless, driven by
 # Playwright from the venv (which never downloads a browser of its own), on a
-# database and vhost of its own per delay mode (scripts/ui-test.py). The
-# screenshot goes to target/ui-test/ unless UI_TEST_ARGS says otherwise.
+# database and vhost of its own per delay mode, and once in shadow mode on a
+# shop's table (scripts/ui-test.py). The screenshots go to target/ui-test/
+# unless UI_TEST_ARGS says otherwise.
 UI_TEST_ARGS ?=
 test-ui: $(VENV)/.installed browser broker databases
 	$(CARGO) build --release --locked --workspace

@@ -1,8 +1,8 @@
 //! The operator's page, `/ui`: a static HTML page, its script and its style,
 //! compiled into the binary (no build step, nothing fetched from elsewhere).
 //! The page holds no data and needs no token: its script reads the admin API
-//! (`/admin/overview`, `/admin/deadlines`, `/admin/orders/{id}`, pause and
-//! resume) with the admin token the operator types in, as any other client
+//! (`/admin/overview`, `/admin/deadlines`, `/admin/shadow`,
+//! `/admin/orders/{id}`, pause and resume) with the admin token the operator types in, as any other client
 //! of that API. So the page is routed open ([`crate::auth::need`]), and the
 //! calls it makes are checked like every other call, `cross_site`'s rules
 //! included.

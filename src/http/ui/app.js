@@ -96,6 +96,16 @@
     }
   }
 
+  // An empty table with these column heads, for rows that `fill` puts in.
+  function table(heads, attrs) {
+    const t = el("table", null, attrs);
+    const tr = el("tr");
+    for (const h of heads) tr.appendChild(el("th", h));
+    t.appendChild(el("thead")).appendChild(tr);
+    t.appendChild(el("tbody"));
+    return t;
+  }
+
   function duration(ms) {
     if (ms === null || ms === undefined) return "–";
     const s = Math.round(ms / 1000);
@@ -109,9 +119,10 @@
 
   async function refresh() {
     try {
-      const [overview, deadlines] = await Promise.all([
+      const [overview, deadlines, shadow] = await Promise.all([
         api("GET", "/admin/overview"),
         api("GET", "/admin/deadlines?next=1h"),
+        api("GET", "/admin/shadow"),
       ]);
       if (overview.status !== 200) {
         show("error", "GET /admin/overview: " + failure(overview));
@@ -125,6 +136,14 @@
         drawDeadlines(deadlines.data);
       } else {
         show("deadlines-error", "GET /admin/deadlines: " + failure(deadlines));
+      }
+      // 409: not in shadow mode, which is the usual case: no card at all.
+      $("shadow").hidden = shadow.status === 409;
+      if (shadow.status === 200) {
+        show("shadow-error", null);
+        drawShadow(shadow.data);
+      } else if (shadow.status !== 409) {
+        show("shadow-error", "GET /admin/shadow: " + failure(shadow));
       }
       if (lookedUp !== null) await lookup(lookedUp);
       refreshes += 1;
@@ -242,6 +261,57 @@
       svg.appendChild(text);
     }
     return svg;
+  }
+
+  // Shadow mode's counts per kind, as the report names them, and the lists
+  // of its first orders that stand out.
+  const SHADOW_COUNTS = [
+    ["would_close", "would close"],
+    ["shop_closed_after_us", "shop closed after us"],
+    ["shop_closed_before_us", "shop closed before us"],
+    ["closed_early", "closed before their deadline"],
+    ["still_open", "still open"],
+    ["disagreements", "disagreements"],
+  ];
+  const SHADOW_LISTS = [["early", "closed early"], ["disagreements", "disagreement"], ["still_open", "still open"]];
+
+  function drawShadow(s) {
+    const box = $("shadow-kinds");
+    for (const k of s.kinds) {
+      let card = box.querySelector('[data-kind="' + k.kind + '"]');
+      if (!card) {
+        card = el("article", null, { class: "kind", "data-kind": k.kind });
+        card.appendChild(el("h3", k.kind));
+        const numbers = el("dl", null, { class: "numbers" });
+        for (const [field, label] of SHADOW_COUNTS) {
+          const d = el("div");
+          d.appendChild(el("dt", label));
+          d.appendChild(el("dd", "–", { "data-field": field }));
+          numbers.appendChild(d);
+        }
+        card.appendChild(numbers);
+        card.appendChild(table(["lateness", "orders", "p50 ms", "p99 ms", "max ms"], { "data-table": "lateness" }));
+        card.appendChild(table(["list", "order", "shop's status", "ms after its deadline"], { "data-table": "first" }));
+        box.appendChild(card);
+      }
+      const r = k.report;
+      for (const [field] of SHADOW_COUNTS) card.querySelector('[data-field="' + field + '"]').textContent = r[field];
+      // What to look into before a cut-over: an early cron, a late payment.
+      for (const field of ["closed_early", "disagreements"]) {
+        card.querySelector('[data-field="' + field + '"]').classList.toggle("alarm", r[field] > 0);
+      }
+      const spread = (who, label, l) => row([label, ["n", l.n], ["p50", l.p50], ["p99", l.p99], ["max", l.max]], { "data-who": who });
+      fill(card.querySelector('[data-table="lateness"]').tBodies[0],
+        [spread("shop", "the shop's", r.shop_late_ms), spread("ours", "ours", r.our_late_ms)], "", 5);
+      const rows = [];
+      for (const [list, label] of SHADOW_LISTS) {
+        for (const o of r["first_" + list]) {
+          rows.push(row([label, ["order", o.order_id], ["status", o.status], ["after", o.after_deadline_ms]],
+            { "data-list": list }));
+        }
+      }
+      fill(card.querySelector('[data-table="first"]').tBodies[0], rows, "no order closed early, disagreed on or left open", 4);
+    }
   }
 
   function drawRoles(roles) {
