@@ -25,6 +25,7 @@ use crate::control::ctl;
 use crate::cron::{Rule, cancel_due, ids, mapping, place, schema};
 use crate::helpers::*;
 use crate::mapped::Shop;
+use crate::roles::psql;
 
 /// Orders the cron closes, due over the next few seconds, each with its
 /// timeout published; orders the shop spares (ids from 1000) and pays
@@ -368,4 +369,86 @@ async fn refused_with_owned_orders() {
         report.contains("`orders.shadow`: is true but `orders.source` is owned"),
         "{report}"
     );
+}
+
+/// Shadow mode writes nothing of the shop's, so it serves as a PostgreSQL
+/// role that may only read the mapped columns (and use the service's own
+/// tables): it records its decisions, and `doctor`, run as
+/// that role, passes with those grants alone. One delay mode: the rights
+/// are the database's business.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_on_select_alone_postgres() {
+    let backend = Backend::Postgres;
+    let spawn = Spawn::new(backend, DelayMode::Ttl)
+        .setup(&schema(backend))
+        .env("ORDER_TIMEOUT__ORDERS__SHADOW", "true");
+    // The first instance migrates, as the owner would; then it stops.
+    let mut owner = spawn_app(mapping(spawn, backend)).await;
+    owner.stop().await;
+    let url = owner.env["ORDER_TIMEOUT__DATABASE__URL"].clone();
+    let database = url.rsplit('/').next().unwrap().to_string();
+    let role = format!("{database}_shadow");
+    let _role = Role {
+        database: database.clone(),
+        name: role.clone(),
+    };
+    psql(
+        &database,
+        &format!(
+            "CREATE ROLE {role} LOGIN; \
+             GRANT SELECT (id, status, deadline, confirm_by, cancelled_at) ON shop_orders TO {role}; \
+             GRANT SELECT (order_id, sku, qty) ON shop_order_lines TO {role}; \
+             GRANT SELECT (sku, reserved, on_hand) ON shop_stock TO {role}; \
+             DO $$ DECLARE t text; BEGIN \
+               FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'order\\_timeout\\_%' LOOP \
+                 EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I TO %I', t, '{role}'); \
+               END LOOP; END $$; \
+             GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role};"
+        ),
+    )
+    .unwrap();
+    let as_role = format!("postgres://{role}@127.0.0.1:5432/{database}");
+    let app = owner
+        .spawn_variant(&[("ORDER_TIMEOUT__DATABASE__URL", as_role.clone())])
+        .await;
+    let shop = Shop::open(&owner, backend).await;
+    place(&shop, backend, &[(1, "pending", 500), (2, "pending", 600)]).await;
+    let publisher = app.publisher().await;
+    for id in [1, 2] {
+        publisher.timeout(&id.to_string(), "payment", 500).await;
+    }
+    let r = wait_until(Duration::from_secs(20), "both decided", || async {
+        let r = report(&app).await;
+        (n(&r, "would_close") == 2).then_some(r)
+    })
+    .await;
+    assert_eq!(n(&r, "still_open"), 2, "{r}");
+    let (ok, report) = doctor(&app, &[]);
+    assert!(ok, "{report}");
+    assert!(report.contains("ok    grants:"), "{report}");
+    assert_eq!(
+        rows(&shop)
+            .await
+            .iter()
+            .filter(|r| r[1] == "pending")
+            .count(),
+        2,
+        "nothing of the shop's changed"
+    );
+}
+
+/// A role made by a test in its database, dropped with its grants there
+/// when the test ends, however it ends (before the database goes).
+struct Role {
+    database: String,
+    name: String,
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = psql(
+            &self.database,
+            &format!("DROP OWNED BY {0}; DROP ROLE IF EXISTS {0};", self.name),
+        );
+    }
 }

@@ -175,7 +175,7 @@ async fn check_mapping(report: &mut Report, settings: &Settings, conn: &Database
     for finding in &mapped.findings {
         report.ok("mapping", finding);
     }
-    if mapped.release_statements() > 0 {
+    if mapped.release_statements() > 0 && !mapped.is_shadow() {
         report.ok(
             "mapping",
             format!(

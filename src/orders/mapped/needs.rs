@@ -127,6 +127,15 @@ impl Mapped {
                 needs.add(&stock, column, Privilege::Update, setting);
             }
         }
+        if self.shadow {
+            // Shadow mode reads (the orders, the shop's stamp of a change,
+            // the stock mapping's columns, checked at start) and writes
+            // nothing: no status, no stock, no lock.
+            if let Some((stamp, _)) = &self.stamp {
+                needs.add(orders, stamp, Privilege::Select, "mapping.stamp_column");
+            }
+            needs.list.retain(|n| n.privilege == Privilege::Select);
+        }
         needs.list
     }
 }
@@ -303,6 +312,30 @@ mod tests {
                 "SELECT shop.oms_order.create_time (mapping.payment.since_column)",
                 "UPDATE shop.oms_order.status (mapping.status_column)",
                 "SELECT shop.oms_order.delivery_time (mapping.receipt.since_column)",
+            ]
+        );
+    }
+
+    #[test]
+    fn shadow_mode_only_reads() {
+        let mut m = mall();
+        m.shadow = true;
+        assert_eq!(
+            said(&m.column_needs()),
+            [
+                "SELECT shop.oms_order.id (mapping.id_column)",
+                "SELECT shop.oms_order.status (mapping.status_column)",
+                "SELECT shop.oms_order.create_time (mapping.payment.since_column)",
+                "SELECT shop.oms_order.ship_by (mapping.fulfillment.deadline_column)",
+                "SELECT shop.oms_order.overdue_at (mapping.fulfillment.flag_column)",
+                "SELECT shop.oms_order.delivery_time (mapping.receipt.since_column)",
+                "SELECT oms_order_item.order_id (mapping.stock.items_order_column)",
+                "SELECT oms_order_item.product_sku_id (mapping.stock.items_sku_column)",
+                "SELECT oms_order_item.product_quantity (mapping.stock.items_quantity_column)",
+                "SELECT pms_sku_stock.id (mapping.stock.id_column)",
+                "SELECT pms_sku_stock.lock_stock (mapping.stock.reserved_column)",
+                "SELECT pms_sku_stock.stock (mapping.stock.available_column)",
+                "SELECT shop.oms_order.modify_time (mapping.stamp_column)",
             ]
         );
     }

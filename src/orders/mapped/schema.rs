@@ -521,9 +521,10 @@ impl Mapped {
 
     /// Runs each release statement for an id no order has, in a transaction
     /// rolled back: a typo or a missing table stops start-up, not the first
-    /// cancel.
+    /// cancel. Not in shadow mode, which never runs them (and may serve as
+    /// a role that can only read): they are tried when it is turned off.
     async fn try_release_sql(&self, db: &DatabaseConnection) -> Result<(), MappingError> {
-        if self.release_sql.is_empty() {
+        if self.release_sql.is_empty() || self.shadow {
             return Ok(());
         }
         let key = "mapping.release_sql";
