@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sea_orm::DbErr;
+use sea_orm::{DatabaseConnection, DbErr};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
-use crate::domain::TimeoutKind;
+use crate::domain::{Millis, TimeoutKind};
 use crate::orders::mapped::ShadowReport;
 
 /// How often the orders the shop has not changed yet are looked up.
@@ -21,20 +21,23 @@ const WATCH: Duration = Duration::from_secs(1);
 /// Every how many looks the report is counted for the metrics.
 const REPORT_EVERY: u32 = 5;
 
-/// The report of every mapped kind, by the database's clock now; `None`
-/// outside shadow mode.
-pub async fn report(ctx: &Context) -> Result<Option<Vec<(TimeoutKind, ShadowReport)>>, DbErr> {
+/// The report of every mapped kind read through `db`, with the database's
+/// clock it is reckoned from; `None` outside shadow mode.
+pub async fn report(
+    ctx: &Context,
+    db: &DatabaseConnection,
+) -> Result<Option<(Millis, Vec<(TimeoutKind, ShadowReport)>)>, DbErr> {
     let Some(mapped) = ctx.orders.mapped().filter(|m| m.is_shadow()) else {
         return Ok(None);
     };
-    let now = crate::db::clock::now(&ctx.db).await?;
+    let now = crate::db::clock::now(db).await?;
     let mut kinds = Vec::new();
     for kind in TimeoutKind::ALL {
-        if let Some(report) = mapped.shadow_report(&ctx.db, kind, now).await? {
+        if let Some(report) = mapped.shadow_report(db, kind, now).await? {
             kinds.push((kind, report));
         }
     }
-    Ok(Some(kinds))
+    Ok(Some((now, kinds)))
 }
 
 /// Watches until shutdown; returns at once outside shadow mode.
@@ -70,8 +73,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         }
         looks = looks.wrapping_add(1);
         if looks % REPORT_EVERY == 1 {
-            match report(&ctx).await {
-                Ok(Some(kinds)) => {
+            match report(&ctx, &ctx.db).await {
+                Ok(Some((_, kinds))) => {
                     for (kind, r) in kinds {
                         ctx.telemetry.shadow_counted(kind.as_str(), &r);
                     }

@@ -11,6 +11,7 @@ use clap::Subcommand;
 use serde_json::Value;
 
 use crate::http_client::{Answer, JsonClient, Method};
+use crate::orders::mapped::{ShadowReport, Spread};
 use crate::settings::{Settings, SettingsSource};
 
 /// How long an answer may take: a reload reads a file, nothing waits longer.
@@ -296,43 +297,50 @@ fn shadow(body: &Value) -> String {
         "shadow mode, now {} (the database's clock)\n",
         text(&body["now"])
     );
-    let spread = |s: &Value| match s["n"].as_u64() {
-        Some(0) | None => "none".to_string(),
-        Some(n) => format!(
+    let spread = |s: &Spread| match s.n {
+        0 => "none".to_string(),
+        n => format!(
             "p50 {} ms, p99 {} ms, max {} ms ({n})",
-            s["p50"], s["p99"], s["max"]
+            shown(s.p50),
+            shown(s.p99),
+            shown(s.max)
         ),
     };
     for kind in body["kinds"].as_array().into_iter().flatten() {
-        let r = &kind["report"];
-        out += &format!(
-            "{}: would close {}; the shop closed {} after us, {} before us, {} before their deadline; {} still open; {} disagreements\n",
-            text(&kind["kind"]),
-            r["would_close"],
-            r["shop_closed_after_us"],
-            r["shop_closed_before_us"],
-            r["closed_early"],
-            r["still_open"],
-            r["disagreements"]
-        );
-        out += &format!("  the shop's lateness: {}\n", spread(&r["shop_late_ms"]));
-        out += &format!("  ours: {}\n", spread(&r["our_late_ms"]));
+        let r: ShadowReport = match serde_json::from_value(kind["report"].clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                out += &format!(
+                    "{}: a report this ctl cannot read ({e})\n",
+                    text(&kind["kind"])
+                );
+                continue;
+            }
+        };
+        out += &format!("{}: {}\n", text(&kind["kind"]), r.counts());
+        out += &format!("  the shop's lateness: {}\n", spread(&r.shop_late_ms));
+        out += &format!("  ours: {}\n", spread(&r.our_late_ms));
         for (list, what) in [
-            ("first_early", "closed early"),
-            ("first_disagreements", "disagreement"),
-            ("first_still_open", "still open"),
+            (&r.first_early, "closed early"),
+            (&r.first_disagreements, "disagreement"),
+            (&r.first_still_open, "still open"),
         ] {
-            for n in r[list].as_array().into_iter().flatten() {
+            for n in list {
                 out += &format!(
                     "  {what}: order {} ({}), {} ms after its deadline\n",
-                    text(&n["order_id"]),
-                    n["status"].as_str().unwrap_or("open"),
-                    n["after_deadline_ms"]
+                    n.order_id,
+                    n.status.as_deref().unwrap_or("open"),
+                    shown(n.after_deadline_ms)
                 );
             }
         }
     }
     out
+}
+
+/// A number of milliseconds, or `-` where there is none.
+fn shown(ms: Option<i64>) -> String {
+    ms.map_or_else(|| "-".to_string(), |ms| ms.to_string())
 }
 
 /// An order's story for people: one section per part of the answer.

@@ -39,8 +39,7 @@ pub(super) struct ShadowView {
     )
 )]
 pub(super) async fn shadow(State(ctx): State<Arc<Context>>) -> Result<Json<ShadowView>, ApiError> {
-    let now = db::clock::now(&ctx.api_db).await?;
-    let Some(kinds) = crate::shadow::report(&ctx).await? else {
+    let Some((now, kinds)) = crate::shadow::report(&ctx, &ctx.api_db).await? else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "not in shadow mode: set orders.shadow = true (with orders.source = mapped) to record what the service would do beside what the shop does",

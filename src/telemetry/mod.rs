@@ -397,8 +397,15 @@ impl Telemetry {
         );
     }
 
-    /// The time zone check of `kind` is in `state` (unconfirmed, fits, off).
-    pub fn time_zone_check(&self, kind: &'static str, state: &'static str) {
+    /// The time zone check of `kind` is in `state` (unconfirmed, fits, off),
+    /// for `reason`: a mismatch is an error, a zone not yet confirmed a
+    /// warning.
+    pub fn time_zone_check(&self, kind: &'static str, state: &'static str, reason: &str) {
+        match state {
+            "fits" => tracing::info!(kind, "{reason}"),
+            "unconfirmed" => tracing::warn!(kind, "{reason}"),
+            _ => tracing::error!(kind, "{reason}"),
+        }
         for each in ["unconfirmed", "fits", "off"] {
             self.m
                 .time_zone

@@ -170,7 +170,7 @@ async fn apply(ctx: &Context, mapped: &Mapped, kind: TimeoutKind, verdict: Verdi
     let role = Pausable::Consumer(kind);
     let reason = describe(mapped, kind, &verdict);
     ctx.telemetry
-        .time_zone_check(kind.as_str(), verdict.state());
+        .time_zone_check(kind.as_str(), verdict.state(), &reason);
     ctx.zone_checks.set(kind, verdict.clone());
     match verdict {
         Verdict::Fits => {
@@ -181,7 +181,6 @@ async fn apply(ctx: &Context, mapped: &Mapped, kind: TimeoutKind, verdict: Verdi
             if ours {
                 ctx.pauses.resume(role, PauseScope::Instance);
             }
-            tracing::info!(kind = kind.as_str(), "{reason}");
         }
         Verdict::Unconfirmed | Verdict::Off { .. } => {
             let pause = Pause {
@@ -199,11 +198,6 @@ async fn apply(ctx: &Context, mapped: &Mapped, kind: TimeoutKind, verdict: Verdi
                 ctx.pauses
                     .pause(role, PauseScope::Instance, pause, true)
                     .await;
-            }
-            if matches!(ctx.zone_checks.get(kind), Some(Verdict::Off { .. })) {
-                tracing::error!(kind = kind.as_str(), "{reason}");
-            } else {
-                tracing::warn!(kind = kind.as_str(), "{reason}");
             }
         }
     }

@@ -278,18 +278,7 @@ async fn shadow_state(report: &mut Report, mapped: &Mapped, conn: &DatabaseConne
     };
     for kind in TimeoutKind::ALL {
         match mapped.shadow_report(conn, kind, now).await {
-            Ok(Some(r)) => report.ok(
-                "shadow",
-                format!(
-                    "{kind}: would close {}; the shop closed {} after us, {} before us, {} before their deadline; {} still open; {} disagreements",
-                    r.would_close,
-                    r.shop_closed_after_us,
-                    r.shop_closed_before_us,
-                    r.closed_early,
-                    r.still_open,
-                    r.disagreements
-                ),
-            ),
+            Ok(Some(r)) => report.ok("shadow", format!("{kind}: {}", r.counts())),
             Ok(None) => {}
             // Before `migrate`, nothing is recorded.
             Err(e) => return report.note("shadow", format!("nothing recorded yet ({e})")),

@@ -48,7 +48,7 @@ use crate::domain::{Millis, OrderKey, StockMove, TimeoutKind};
 pub use indexes::IndexNeed;
 pub use reads::{Stamp, StampValue};
 pub use schema::MappingError;
-pub use shadow::ShadowReport;
+pub use shadow::{ShadowReport, Spread};
 use sql::{Clock, Dialect, Sql, Ty};
 
 /// A mapping checked against the database, with its statements' pieces.

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait, Value,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::sql::{Dialect, Sql};
 use super::{KindSql, Mapped, Target};
@@ -70,11 +70,17 @@ impl Mapped {
         )
     }
 
-    /// The transition's `WHERE`, read instead of written: a row when the
-    /// conditional update would change the order.
+    /// The transition's `WHERE`, read instead of written: a row, with the
+    /// order's deadline (epoch milliseconds, exactly), when the conditional
+    /// update would change the order.
     fn would(&self, k: &KindSql, key: &OrderKey) -> sea_orm::Statement {
-        let mut sql = Sql::new(self.dialect);
-        sql.push(&format!("SELECT 1 FROM {}", self.table));
+        let d = self.dialect;
+        let mut sql = Sql::new(d);
+        sql.push(&format!(
+            "SELECT {} FROM {}",
+            d.epoch_ms(&k.deadline(d, &self.clock)),
+            self.table
+        ));
         self.push_due(&mut sql, k, key);
         sql.build()
     }
@@ -96,21 +102,18 @@ impl Mapped {
         let txn = db.begin().await?;
         let mut outcomes = HashMap::with_capacity(sorted.len());
         for key in &sorted {
-            let would = txn.query_one_raw(self.would(k, key)).await?.is_some();
-            let outcome = self.outcome(&txn, k, key, would, now).await?;
+            // The deadline exactly, not reckoned from `now` as the outcome's.
+            let exact: Option<Option<i64>> = match txn.query_one_raw(self.would(k, key)).await? {
+                Some(row) => Some(row.try_get_by_index(0)?),
+                None => None,
+            };
+            let outcome = self.outcome(&txn, k, key, exact.is_some(), now).await?;
             match &outcome {
                 ExpiryOutcome::Applied { deadline } => {
-                    // The deadline exactly, not reckoned from `now`.
-                    let exact = self
-                        .shop_side(&txn, k, std::slice::from_ref(key))
-                        .await?
-                        .remove(key.as_str())
-                        .and_then(|side| side.deadline_ms)
-                        .unwrap_or(deadline.0);
                     let row = [
                         Value::from(kind.as_str()),
                         Value::from(key.as_str()),
-                        Value::from(exact),
+                        Value::from(exact.flatten().unwrap_or(deadline.0)),
                         Value::from(now.0),
                         Value::from(cause.as_str()),
                         Value::from(None::<String>),
@@ -329,7 +332,7 @@ pub struct ShadowRow {
 }
 
 /// Milliseconds at the 50th and 99th percentile and the largest, of `n`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Spread {
     pub n: usize,
     pub p50: Option<i64>,
@@ -353,7 +356,7 @@ impl Spread {
 }
 
 /// An order and what stands out about it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Noted {
     pub order_id: String,
     /// The shop's status, when it changed the order.
@@ -364,7 +367,7 @@ pub struct Noted {
 }
 
 /// Shadow mode's record of one kind, beside the shop's.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShadowReport {
     /// Orders the service would have closed.
     pub would_close: u64,
@@ -392,6 +395,19 @@ pub struct ShadowReport {
 }
 
 impl ShadowReport {
+    /// Its counts in one line, as `doctor` and `ctl shadow` print them.
+    pub fn counts(&self) -> String {
+        format!(
+            "would close {}; the shop closed {} after us, {} before us, {} before their deadline; {} still open; {} disagreements",
+            self.would_close,
+            self.shop_closed_after_us,
+            self.shop_closed_before_us,
+            self.closed_early,
+            self.still_open,
+            self.disagreements
+        )
+    }
+
     /// The report of a kind's rows: `closed` is the status the kind sets
     /// (`None`: a flag, whatever the shop's status then), `from` the one it
     /// acts on.
