@@ -49,7 +49,8 @@ fn ctl_ok(app: &TestApp, args: &[&str]) -> String {
     out
 }
 
-async fn readyz(app: &TestApp) -> (u16, Value) {
+/// `/readyz`: its status code and body.
+pub(crate) async fn readyz(app: &TestApp) -> (u16, Value) {
     let resp = app
         .http
         .get(format!("{}/readyz", app.base))

@@ -13,14 +13,14 @@
 //!
 //! One delay mode: the rights are the database's business.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 
 use crate::helpers::*;
 use crate::mapped::{mall_mapping, mall_schema};
+use crate::roles::piped;
 
 const BIN: &str = env!("CARGO_BIN_EXE_order-timeout");
 
@@ -56,29 +56,7 @@ fn mariadb(database: Option<&str>, sql: &str) -> Result<String, String> {
     if let Some(database) = database {
         command.arg(database);
     }
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("mariadb: {e}"))?;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(sql.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(text)
-    }
+    piped(command, sql)
 }
 
 /// The one value of a query, as text; the database's refusal as an error.

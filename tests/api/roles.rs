@@ -30,14 +30,23 @@ impl Drop for Made {
 
 /// Runs SQL (psql's meta-commands included) as the superuser.
 pub(crate) fn psql(database: &str, sql: &str) -> Result<String, String> {
-    let mut child = Command::new("psql")
+    let mut command = Command::new("psql");
+    command
         .args(["-h", "127.0.0.1", "-U", "postgres", "-d", database])
-        .args(["-v", "ON_ERROR_STOP=1", "-q", "-f", "-"])
+        .args(["-v", "ON_ERROR_STOP=1", "-q", "-f", "-"]);
+    piped(command, sql)
+}
+
+/// Runs a database client with `sql` on its standard input: what it printed,
+/// as `Ok` when it exited 0, else as the error.
+pub(crate) fn piped(mut command: Command, sql: &str) -> Result<String, String> {
+    let name = command.get_program().to_string_lossy().into_owned();
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("psql: {e}"))?;
+        .map_err(|e| format!("{name}: {e}"))?;
     child
         .stdin
         .take()

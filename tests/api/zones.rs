@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use crate::control::readyz;
 use crate::helpers::*;
 use crate::mapped::{Mall, Shop, mall_mapping, mall_schema};
 
@@ -645,17 +646,7 @@ async fn guessed_wrong(
         .env("ORDER_TIMEOUT__SWEEPER__GRACE", "0s");
     let app =
         spawn_app(mall_mapping(spawn, false).env("ORDER_TIMEOUT__WINDOWS__PAYMENT", "10m")).await;
-    let readyz = || async {
-        app.http
-            .get(format!("{}/readyz", app.base))
-            .send()
-            .await
-            .unwrap()
-            .json::<serde_json::Value>()
-            .await
-            .unwrap()
-    };
-    let at_start = readyz().await;
+    let (_, at_start) = readyz(&app).await;
     let east = fitting.starts_with('+');
     let state = &at_start["time_zone"]["kinds"]["payment"]["state"];
     // West of the guess the stamps look old: no proof yet, held. East of
@@ -686,7 +677,7 @@ async fn guessed_wrong(
     mall.checkout(3).await;
     publisher.timeout(&mall.key(3), "payment", 300).await;
     let report = wait_until(Duration::from_secs(60), "the mismatch reported", || async {
-        let body = readyz().await;
+        let (_, body) = readyz(&app).await;
         let kind = &body["time_zone"]["kinds"]["payment"];
         (kind["state"] == "off" && body["status"] == "unready").then(|| kind["detail"].to_string())
     })
