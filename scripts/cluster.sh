@@ -23,21 +23,22 @@
 # $OT_CLUSTER_BASE/<n> (default /var/lib/rabbitmq/ot-cluster, inside the root:
 # /srv/rabbitmq43/var/lib/rabbitmq/ot-cluster for 4.3), listens on
 # 127.0.0.1 only, and has the management plugin (and the delayed-message
-# plugin when the broker has it). Nodes 2 and 3 join node 1. guest/guest works
+# plugin when the broker has it). Nodes 2 and 3 boot beside node 1 and join it
+# as they boot (classic peer discovery, see prepare_node). guest/guest works
 # since every client is local. The main broker (rabbit@localhost, 5672/15672)
 # is left alone. Needs root.
 #
 # Usage: scripts/cluster.sh COMMAND [N]
 #   start        start the cluster (idempotent), print its URLs and members
-#   stop         stop the nodes and remove their directories (idempotent)
+#   stop         kill the nodes and remove their directories (idempotent)
 #   status       which nodes run; exit 0 when all three do, 1 otherwise
 #   stop-app N   rabbitmqctl stop_app on node N (1..3); its VM keeps running
-#   start-app N  rabbitmqctl start_app on node N, wait until it runs
+#   start-app N  rabbitmqctl start_app on node N (it returns once the app runs)
 #   kill N       SIGKILL node N's Erlang VM, wait until it is gone
 #   restart N    start node N again after a kill (it keeps its data and
 #                rejoins the cluster by itself), wait until it is back
 #   replace N    after a kill: node N's data is lost; it is forgotten by the
-#                cluster, started empty and joined again (a node replaced)
+#                cluster, started empty and joins as it boots (a node replaced)
 #   rebalance    spread the quorum queues' leaders over the running nodes
 #                (rabbitmq-queues rebalance quorum)
 #
@@ -166,9 +167,14 @@ delayed_plugin_installed() {
     return 1
 }
 
-# Writes node N's files (config, plugins, env file) and its directories.
+# Writes node N's files (config, plugins, env file) and its directories. With
+# SEED (a node number), node N joins SEED's cluster as it boots with no data
+# (classic peer discovery; a node with data ignores it), so no second boot
+# (stop_app, reset, join_cluster, start_app) is needed; until SEED answers it
+# asks again every second, up to $TIMEOUT times, so that it may boot beside
+# SEED.
 prepare_node() {
-    local n=$1 dir plugins=rabbitmq_management
+    local n=$1 seed=${2:-} dir plugins=rabbitmq_management
     dir=$(host_path "$(node_dir "$n")")
     mkdir -p "$dir/mnesia" "$dir/log"
     delayed_plugin_installed && plugins="$plugins,rabbitmq_delayed_message_exchange"
@@ -179,6 +185,14 @@ management.tcp.ip = 127.0.0.1
 management.tcp.port = $(mgmt_port "$n")
 cluster_name = ot-cluster
 EOF
+    if [ -n "$seed" ]; then
+        cat >>"$dir/rabbitmq.conf" <<EOF
+cluster_formation.peer_discovery_backend = classic_config
+cluster_formation.classic_config.nodes.1 = $(node_name "$seed")
+cluster_formation.discovery_retry_limit = $TIMEOUT
+cluster_formation.discovery_retry_interval = 1000
+EOF
+    fi
     echo "[$plugins]." >"$dir/enabled_plugins"
     # Replaces /etc/rabbitmq/rabbitmq-env.conf, which names the main node.
     node_env "$n" | sed -e 's/^export //' >"$dir/rabbitmq-env.conf"
@@ -233,21 +247,21 @@ log_tail() {
     if [ -s "$f" ]; then echo "--- $f:" >&2; tail -n 15 "$f" >&2; fi
 }
 
-# Waits until the rabbit application runs on node N, or fails after $TIMEOUT s.
+# Waits until the rabbit application runs on node N, or fails after $TIMEOUT s:
+# until its VM is registered with epmd (a look every 0.2 s that costs nothing,
+# failing at once when the VM exits), then until it has booted: one
+# `await_startup`, which the node answers the moment it is up. (Polling with
+# the CLI costs a second or more of CPU a call while nodes boot.)
 wait_running() {
     local n=$1 deadline
     deadline=$((SECONDS + TIMEOUT))
-    until app_running "$n"; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            log_tail "$n"
-            die "$(node_name "$n") is not running after ${TIMEOUT}s"
-        fi
-        if ! node_pid "$n" >/dev/null; then
-            sleep 1
-            node_pid "$n" >/dev/null || { log_tail "$n"; die "$(node_name "$n") exited while starting"; }
-        fi
-        sleep 2
+    until grep -q "^name ot-cluster-$n at " <<<"$(epmd -names 2>/dev/null)"; do
+        node_pid "$n" >/dev/null || { log_tail "$n"; die "$(node_name "$n") exited while starting"; }
+        [ "$SECONDS" -lt "$deadline" ] || { log_tail "$n"; die "$(node_name "$n") is not running after ${TIMEOUT}s"; }
+        sleep 0.2
     done
+    ctl -q -n "$(node_name "$n")" await_startup --timeout $((deadline - SECONDS + 1)) >/dev/null 2>&1 ||
+        { log_tail "$n"; die "$(node_name "$n") is not running after ${TIMEOUT}s"; }
 }
 
 # Fails, naming the holder, when one of node N's ports is taken.
@@ -278,21 +292,49 @@ running_nodes() {
         grep '^ot-cluster' || true
 }
 
-# 0 when node N is a (disc) member of node 1's cluster, running or not.
+# 0 when node N is a (disc) member of node ASK's cluster (default node 1),
+# running or not.
 is_member() {
-    ctl -q -n "$(node_name 1)" eval 'io:format("~p~n", [rabbit_nodes:all()]).' 2>/dev/null |
-        grep -qF "'$(node_name "$1")'"
+    local all
+    # Read whole before grep -q: under pipefail, a CLI cut off by grep's early
+    # exit (EPIPE) would fail the check.
+    all=$(ctl -q -n "$(node_name "${2:-1}")" eval 'io:format("~p~n", [rabbit_nodes:all()]).' 2>/dev/null || true)
+    grep -qF "'$(node_name "$1")'" <<<"$all"
 }
 
-# Waits until node N is among the running nodes its cluster reports.
+# Waits until node N's cluster, as node N sees it, runs node N and at least
+# COUNT nodes in all (default 2), or fails after $TIMEOUT s; prints the
+# running nodes, one a line. One CLI call: the node itself looks every 0.2 s.
 wait_in_cluster() {
-    local n=$1 deadline
-    deadline=$((SECONDS + TIMEOUT))
-    until running_nodes "$n" | grep -qxF "$(node_name "$n")" &&
-        [ "$(running_nodes "$n" | wc -l)" -ge 2 ]; do
-        [ "$SECONDS" -lt "$deadline" ] || { log_tail "$n"; die "$(node_name "$n") did not rejoin the cluster in ${TIMEOUT}s"; }
-        sleep 2
-    done
+    local n=$1 count=${2:-2} nodes
+    nodes=$(ctl -q -n "$(node_name "$n")" eval "
+        Until = erlang:monotonic_time(millisecond) + $TIMEOUT * 1000,
+        Wait = fun Loop() ->
+            R = rabbit_nodes:all_running(),
+            case (length(R) >= $count andalso lists:member(node(), R))
+                 orelse erlang:monotonic_time(millisecond) > Until of
+                true -> R;
+                false -> timer:sleep(200), Loop()
+            end
+        end,
+        io:format(\"~s~n\", [string:join([atom_to_list(N) || N <- Wait()], \"\\n\")])." 2>/dev/null |
+        grep '^ot-cluster' || true)
+    if ! grep -qxF "$(node_name "$n")" <<<"$nodes" || [ "$(grep -c . <<<"$nodes")" -lt "$count" ]; then
+        log_tail "$n"
+        die "$(node_name "$n") is not in a cluster of $count running nodes after ${TIMEOUT}s (running: $(tr '\n' ' ' <<<"$nodes"))"
+    fi
+    echo "$nodes"
+}
+
+# Joins node N, running alone, to node SEED's cluster: for a node that did not
+# join as it booted (started before the cluster existed, say).
+join_node() {
+    local n=$1 seed=$2
+    say "$(node_name "$n") joins $(node_name "$seed")"
+    ctl_quiet -q -n "$(node_name "$n")" stop_app
+    ctl_quiet -q -n "$(node_name "$n")" reset
+    ctl_quiet -q -n "$(node_name "$n")" join_cluster "$(node_name "$seed")"
+    ctl_quiet -q -n "$(node_name "$n")" start_app
 }
 
 node_arg() {
@@ -300,23 +342,27 @@ node_arg() {
     echo "$1"
 }
 
+# Prints the installation, URLs and NODES (running nodes, one a line).
 print_summary() {
-    local n
+    local n nodes=$1
     echo "RabbitMQ $(installed_version) from $(root_words "$ROOT")"
     echo "AMQP:       $(for n in "${NODES[@]}"; do printf 'amqp://guest:guest@127.0.0.1:%s ' "$(amqp_port "$n")"; done)"
     echo "management: $(for n in "${NODES[@]}"; do printf 'http://127.0.0.1:%s ' "$(mgmt_port "$n")"; done)"
-    echo "running nodes (rabbitmqctl -n $(node_name 1) cluster_status):"
-    ctl -q -n "$(node_name 1)" cluster_status --formatter json 2>/dev/null |
-        python3 -c 'import json,sys; [print("  " + n) for n in json.load(sys.stdin)["running_nodes"]]' ||
-        ctl -n "$(node_name 1)" cluster_status
+    echo "running nodes (as $(node_name 1) sees them):"
+    sed -e 's/^/  /' <<<"$nodes"
 }
 
+# Node 1 first, nodes 2 and 3 booting beside it and joining it as they boot
+# (prepare_node's seed); a node left running alone is joined afterwards.
 cmd_start() {
-    local n started=()
-    if [ "$(running_nodes 1 | wc -l)" -eq 3 ]; then
-        say "already running with three nodes"
-        print_summary
-        return 0
+    local n started=() nodes
+    if node_pid 1 >/dev/null; then
+        nodes=$(running_nodes 1)
+        if [ "$(grep -c . <<<"$nodes")" -eq 3 ]; then
+            say "already running with three nodes"
+            print_summary "$nodes"
+            return 0
+        fi
     fi
     in_root id rabbitmq >/dev/null 2>&1 || die "no rabbitmq user: is RabbitMQ installed?"
     [ -x "$(host_path "$RABBITMQ_BIN/rabbitmq-server")" ] || die "$(host_path "$RABBITMQ_BIN/rabbitmq-server") not found"
@@ -332,7 +378,7 @@ cmd_start() {
             say "$(node_name "$n") already up"
             continue
         fi
-        prepare_node "$n"
+        if [ "$n" = 1 ]; then prepare_node "$n"; else prepare_node "$n" 1; fi
         say "starting $(node_name "$n")"
         launch "$n"
         started+=("$n")
@@ -345,51 +391,39 @@ cmd_start() {
         fi
         wait_running "$n"
     done
-    for n in 2 3; do
-        if is_member "$n"; then continue; fi
-        say "$(node_name "$n") joins $(node_name 1)"
-        ctl_quiet -q -n "$(node_name "$n")" stop_app
-        ctl_quiet -q -n "$(node_name "$n")" reset
-        ctl_quiet -q -n "$(node_name "$n")" join_cluster "$(node_name 1)"
-        ctl_quiet -q -n "$(node_name "$n")" start_app
-        wait_running "$n"
-    done
-    [ "$(running_nodes 1 | wc -l)" -eq 3 ] || die "the cluster does not report three running nodes"
+    if [ "$(running_nodes 1 | grep -c .)" -lt 3 ]; then
+        for n in 2 3; do
+            is_member "$n" || join_node "$n" 1
+        done
+    fi
+    nodes=$(wait_in_cluster 1 3)
     say "cluster up"
-    print_summary
+    print_summary "$nodes"
 }
 
-# Stops node N's VM (gracefully, then SIGKILL after 30 s), if it runs.
-stop_node() {
-    local n=$1 pid deadline
-    pid=$(node_pid "$n") || return 0
-    say "stopping $(node_name "$n")"
-    if [ -n "$ROOT" ]; then
-        timeout 60 chroot "$ROOT" rabbitmqctl -q -n "$(node_name "$n")" stop >/dev/null 2>&1 || true
-    else
-        timeout 60 rabbitmqctl -q -n "$(node_name "$n")" stop >/dev/null 2>&1 || true
-    fi
-    deadline=$((SECONDS + 30))
-    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 1; done
-    if kill -0 "$pid" 2>/dev/null; then
-        say "$(node_name "$n") still running: SIGKILL of pid $pid"
-        kill -KILL "$pid" 2>/dev/null || true
-        while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
-    fi
-}
-
+# Stops the nodes: SIGKILL, all at once. Their data is removed right after, so
+# a graceful stop (`rabbitmqctl stop`, a node after the other) would keep
+# nothing and take seconds a node.
 cmd_stop() {
-    local n any= base
+    local n pid pids=() base
     base=$(host_path "$BASE")
-    for n in "${NODES[@]}"; do node_pid "$n" >/dev/null && any=1; done
-    if [ -z "$any" ] && [ ! -e "$base" ]; then
+    for n in "${NODES[@]}"; do
+        pid=$(node_pid "$n") && pids+=("$pid")
+    done
+    if [ "${#pids[@]}" -eq 0 ] && [ ! -e "$base" ]; then
         rm -f "$STATE"
         say "nothing running"
         return 0
     fi
-    [ -n "$any" ] || say "no node running"
-    # Nodes 3 and 2 first, so node 1 is the last one stopped.
-    for n in 3 2 1; do stop_node "$n"; done
+    if [ "${#pids[@]}" -eq 0 ]; then
+        say "no node running"
+    else
+        say "stopping the nodes (SIGKILL of pids ${pids[*]})"
+        kill -KILL "${pids[@]}" 2>/dev/null || true
+        for pid in "${pids[@]}"; do
+            while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+        done
+    fi
     for n in "${NODES[@]}"; do
         ! node_pid "$n" >/dev/null || die "$(node_name "$n") is still running"
     done
@@ -436,8 +470,8 @@ cmd_start_app() {
     local n
     n=$(node_arg "${1:-}")
     node_pid "$n" >/dev/null || die "$(node_name "$n") is not running (after a kill: restart $n)"
+    # start_app returns once the application has booted: nothing to wait for.
     ctl -q -n "$(node_name "$n")" start_app
-    wait_running "$n"
     say "$(node_name "$n"): app running"
 }
 
@@ -455,7 +489,7 @@ cmd_kill() {
 }
 
 cmd_restart() {
-    local n
+    local n nodes
     n=$(node_arg "${1:-}")
     [ -d "$(host_path "$(node_dir "$n")")/mnesia" ] || die "$(node_name "$n") has no data in $(node_dir "$n"): use start"
     if node_pid "$n" >/dev/null; then
@@ -466,12 +500,12 @@ cmd_restart() {
         launch "$n"
     fi
     wait_running "$n"
-    wait_in_cluster "$n"
-    say "$(node_name "$n") back in the cluster: $(running_nodes "$n" | tr '\n' ' ')"
+    nodes=$(wait_in_cluster "$n")
+    say "$(node_name "$n") back in the cluster: $(tr '\n' ' ' <<<"$nodes")"
 }
 
 cmd_replace() {
-    local n other=""
+    local n o other="" nodes
     n=$(node_arg "${1:-}")
     node_pid "$n" >/dev/null && die "$(node_name "$n") runs: kill $n first"
     for o in "${NODES[@]}"; do
@@ -484,17 +518,14 @@ cmd_replace() {
     say "$(node_name "$other") forgets $(node_name "$n"); its data is removed"
     ctl_quiet -q -n "$(node_name "$other")" forget_cluster_node "$(node_name "$n")"
     rm -rf "$(host_path "$(node_dir "$n")")"
-    prepare_node "$n"
+    # Empty, it joins $other's cluster as it boots (prepare_node's seed).
+    prepare_node "$n" "$other"
     say "starting $(node_name "$n") empty"
     launch "$n"
     wait_running "$n"
-    ctl_quiet -q -n "$(node_name "$n")" stop_app
-    ctl_quiet -q -n "$(node_name "$n")" reset
-    ctl_quiet -q -n "$(node_name "$n")" join_cluster "$(node_name "$other")"
-    ctl_quiet -q -n "$(node_name "$n")" start_app
-    wait_running "$n"
-    wait_in_cluster "$n"
-    say "$(node_name "$n") replaced: $(running_nodes "$n" | tr '\n' ' ')"
+    is_member "$n" "$other" || join_node "$n" "$other"
+    nodes=$(wait_in_cluster "$n")
+    say "$(node_name "$n") replaced: $(tr '\n' ' ' <<<"$nodes")"
 }
 
 cmd_rebalance() {

@@ -1,19 +1,24 @@
 //! `make test-cluster`: the service on the three-node RabbitMQ cluster of
 //! `make cluster` (`scripts/cluster.sh`; `RABBITMQ_ROOT=/srv/rabbitmq43` for
 //! RabbitMQ 4.3), quorum queues, two `serve` instances given the cluster's
-//! three addresses in different orders, and PostgreSQL. Phases of a few
-//! thousand orders with deadlines spread over the run, 10 % paid; in each, a
-//! node is lost mid-run ([`LOSSES`]): in TTL mode the node holding the most
-//! quorum-queue leaders, its application stopped (`rabbitmqctl stop_app`) and
-//! started again, then its Erlang VM SIGKILLed and the node restarted; in
+//! three addresses in different orders, and PostgreSQL. Phases of 600 orders
+//! (`CLUSTER_ORDERS`) placed at 80 a second (`CLUSTER_ORDERS_PER_SECOND`),
+//! payment windows of 4 to 12 s, 10 % paid a third of the way into their
+//! windows; in each, a node is lost for 10 s ([`DOWN`], plus the time stopping
+//! and starting it takes) from when the first deadlines fall due, so that most
+//! fall due while it is down ([`LOSSES`]): in TTL mode the node holding the
+//! most quorum-queue leaders, its application stopped (`rabbitmqctl stop_app`)
+//! and started again, then its Erlang VM SIGKILLed and the node restarted; in
 //! plugin mode the node that holds the plugin timers instance a's relay
 //! published (the plugin keeps them in that node's table, replicated
-//! nowhere), stopped, then killed and replaced by an empty node. A mode the
-//! cluster cannot run ([`Mode::unavailable`]: the plugin on 4.3) is skipped,
-//! saying why. Then the ledger: nothing lost, nothing early, no paid order
-//! cancelled, no stock released twice, stock conserved, the outbox drained,
-//! and the lateness of the timers that fell due while the node was down. The
-//! figures are printed and written to the broker series' section of
+//! nowhere), stopped, then killed and replaced by an empty node; in native
+//! mode (RabbitMQ 4.3) the node holding the leader of the queue that holds
+//! the timers stopped, then the node of instance a's deferrer killed. A mode
+//! the cluster cannot run ([`Mode::unavailable`]: the plugin on 4.3) is
+//! skipped, saying why. Then the ledger: nothing lost, nothing early, no paid
+//! order cancelled, no stock released twice, stock conserved, the outbox
+//! drained, and the lateness of the timers that fell due while the node was
+//! down. The figures are printed and written to the broker series' section of
 //! `docs/RELIABILITY.md`.
 //!
 //! Another delay mode's phases are a [`Mode`] value (its `delay_mode`, when
@@ -49,8 +54,24 @@ const NODES: [(u16, &str); 3] = [
 /// up): node 1's. [`cluster_api_on`] asks another.
 const MANAGEMENT: &str = "http://127.0.0.1:15681/api";
 /// The sweeper's grace: long enough that a cancel by the sweeper means a
-/// timer the broker lost, not one that was merely late.
+/// timer the broker lost, not one that was merely late. A timer that waits
+/// for a lost node is late by at most the time the node is away ([`DOWN`]
+/// plus stopping and starting it: 14 to 22 s here), so the grace is well
+/// above that.
 const GRACE_S: u64 = 30;
+/// How often each instance's sweeper looks: a lost timer's order is cancelled
+/// between deadline + grace and one interval later.
+const SWEEP_INTERVAL_S: u64 = 2;
+/// The shortest payment window, and how far above it they spread: 4 to 12 s,
+/// so that the TTL levels of 1, 2, 4 and 8 s all carry timers.
+const WINDOW_MIN_MS: u64 = 4_000;
+const WINDOW_SPREAD_MS: u64 = 8_000;
+/// How long a phase keeps its node away (stopping and starting it comes on
+/// top), and the seconds into the loss at which where the timers wait is
+/// looked at: after the first level expiries, and shortly before the node
+/// comes back.
+const DOWN: Duration = Duration::from_secs(10);
+const LOOKS_S: [u64; 2] = [3, 8];
 
 fn cluster_api() -> Management {
     Management::new(MANAGEMENT, Duration::from_secs(10)).expect("management API URL")
@@ -354,7 +375,7 @@ struct Phase {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the three-node cluster of `make cluster` and stops its nodes: run with `make test-cluster`"]
 async fn losing_a_node_loses_nothing() {
-    let per_phase = env_or("CLUSTER_ORDERS", 2_000);
+    let per_phase = env_or("CLUSTER_ORDERS", 600);
     let rate = env_or("CLUSTER_ORDERS_PER_SECOND", 80);
     let started_at = chrono::Utc::now();
     let world = Arc::new(setup().await);
@@ -420,7 +441,7 @@ async fn losing_a_node_loses_nothing() {
         &skipped,
         &nodes,
         started_at,
-        rate,
+        (per_phase, rate),
         only.is_empty(),
     )
     .await;
@@ -466,7 +487,10 @@ async fn setup() -> World {
             "ORDER_TIMEOUT__AMQP__MANAGEMENT_URL",
             "http://127.0.0.1:15681".into(),
         ),
-        ("ORDER_TIMEOUT__SWEEPER__INTERVAL", "5s".into()),
+        (
+            "ORDER_TIMEOUT__SWEEPER__INTERVAL",
+            format!("{SWEEP_INTERVAL_S}s"),
+        ),
         // Each order by its own message, or by the sweeper: what the broker
         // delivered is what is measured. (With catch-up on, the default, one
         // due message has the consumer apply every order already due, and a
@@ -581,10 +605,11 @@ async fn leaders(vhost: &str) -> [usize; 3] {
     per_node
 }
 
-/// Orders at `rate` a second, windows of 10 to 50 s, every tenth paid a
-/// third of the way into its window; a third of the way through, the node
-/// holding the most leaders is lost for 20 s. Then waits until no order is
-/// pending.
+/// Orders at `rate` a second, windows of 4 to 12 s, every tenth paid a
+/// third of the way into its window; once a third of them are placed and the
+/// first deadlines fall due, the phase's node ([`Target`]) is lost for 10 s
+/// ([`DOWN`]) plus the time stopping and starting it takes. Then waits until
+/// no order is pending.
 async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
     let placed = Arc::new(Mutex::new(Vec::<Placed>::new()));
     let generator = {
@@ -594,7 +619,7 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
             for n in 0..count {
                 let base = world.base((n % 2) as usize);
                 let items = vec![(SKUS[(n % 5) as usize].to_string(), 1 + (n % 3) as i64)];
-                let window_ms = 10_000 + (n * 7_919 % 40_000);
+                let window_ms = WINDOW_MIN_MS + (n * 7_919 % WINDOW_SPREAD_MS);
                 let (placed, client) = (placed.clone(), world.client.clone());
                 tasks.push(tokio::spawn(async move {
                     let Some(id) = checkout(&client, &base, &items, window_ms).await else {
@@ -621,8 +646,11 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
         })
     };
     // The scenario: the node is lost once a third of the orders are placed,
-    // while the first deadlines fall due, for 20 s.
-    tokio::time::sleep(Duration::from_millis(count * 1_000 / rate / 3 + 10_000)).await;
+    // while the first deadlines fall due (the shortest window after that).
+    tokio::time::sleep(Duration::from_millis(
+        count * 1_000 / rate / 3 + WINDOW_MIN_MS,
+    ))
+    .await;
     let leaders_before = leaders(&world.vhost).await;
     let node = match loss.target {
         Target::RelayNode => role_node(world, "relay").await,
@@ -638,21 +666,22 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
         connected_nodes(world, 1).await
     );
     loss.down(node);
+    let gone = Instant::now();
     println!(
         "cluster: {}: {} of node {} ({} leaders of {:?}); connections before: {before}",
         loss.name, loss.describe, NODES[node].1, leaders_before[node], leaders_before,
     );
-    // The scenario: the node is away 20 s; where the timers wait is looked
-    // at 5 and 15 s in.
-    for (wait, at) in [(5, 5), (10, 15)] {
-        tokio::time::sleep(Duration::from_secs(wait)).await;
+    // The scenario: the node is away for DOWN; where the timers wait is
+    // looked at LOOKS_S into the loss.
+    for at in LOOKS_S {
+        tokio::time::sleep_until((gone + Duration::from_secs(at)).into()).await;
         println!(
             "cluster: {}: timers waiting {at} s into the loss: {}",
             loss.name,
             waiting(&world.vhost, node).await
         );
     }
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep_until((gone + DOWN).into()).await;
     let after = format!(
         "a: {}; b: {}",
         connected_nodes(world, 0).await,
@@ -672,14 +701,13 @@ async fn phase(world: &Arc<World>, loss: Loss, count: u64, rate: u64) -> Phase {
     );
     generator.await.unwrap();
     let placed = placed.lock().await.clone();
-    // Longest window 50 s, grace 30 s, interval 5 s.
-    let orders = settle(
-        &world.client,
-        &world.base(0),
-        &placed,
-        Duration::from_secs(150),
-    )
-    .await;
+    // Every order is placed and the node is back: the last deadline is at
+    // most the longest window away, and a lost timer's order is the sweeper's
+    // one interval after deadline + grace; the rest is margin for a loaded
+    // machine. Past that, a pending order is lost.
+    let patience = Duration::from_millis(WINDOW_MIN_MS + WINDOW_SPREAD_MS)
+        + Duration::from_secs(GRACE_S + SWEEP_INTERVAL_S + 30);
+    let orders = settle(&world.client, &world.base(0), &placed, patience).await;
     Phase {
         loss,
         node,
@@ -721,7 +749,7 @@ async fn ledger_and_report(
     skipped: &[(Mode, Vec<&str>, String)],
     nodes: &[String; 2],
     started_at: chrono::DateTime<chrono::Utc>,
-    rate: u64,
+    (per_phase, rate): (u64, u64),
     write: bool,
 ) -> Verdict {
     let mut bad = Vec::new();
@@ -752,6 +780,8 @@ async fn ledger_and_report(
                 if swept.len() > 20 { " …" } else { "" }
             );
         }
+        let swept_row =
+            format!("cancelled by the sweeper (timer not there by deadline + {GRACE_S} s)");
         let rows = [
             ("orders placed", p.placed.len().to_string()),
             ("cancelled", e.cancelled.to_string()),
@@ -763,10 +793,7 @@ async fn ledger_and_report(
                 e.paid_then_cancelled.to_string(),
             ),
             ("stock released twice", e.double_release.to_string()),
-            (
-                "cancelled by the sweeper (timer not there by deadline + 30 s)",
-                e.by_sweeper.to_string(),
-            ),
+            (swept_row.as_str(), e.by_sweeper.to_string()),
             (
                 "lateness, deadlines while the node was down",
                 percentiles(while_down),
@@ -851,11 +878,12 @@ async fn ledger_and_report(
          --ignored --nocapture`), {started}, on the 2-core machine: three RabbitMQ {rabbit} nodes of one \
          cluster on this machine, quorum queues (leaders rebalanced), PostgreSQL, two `serve` \
          instances given the three addresses in different orders (connections at the start: a: {a}; \
-         b: {b}), sweeper interval 5 s and grace {GRACE_S} s, the consumers' catch-up off (each order \
-         by its own message or by the sweeper, so that what the broker delivered is what is \
-         measured). Each phase: orders at about {rate}/s, windows of 10 to 50 s, every tenth paid a \
-         third of the way into its window, and a node lost for 20 s (plus the time stopping and \
-         starting it takes) while deadlines fall due: {scenario}.{skipped_text}\n\n\
+         b: {b}), sweeper interval {SWEEP_INTERVAL_S} s and grace {GRACE_S} s, the consumers' catch-up \
+         off (each order by its own message or by the sweeper, so that what the broker delivered is \
+         what is measured). Each phase: {per_phase} orders at about {rate}/s, windows of {w_min} to \
+         {w_max} s, every tenth paid a third of the way into its window, and a node lost for {down} s \
+         (plus the time stopping and starting it takes) from when the first deadlines fall due, so \
+         that most fall due while it is down: {scenario}.{skipped_text}\n\n\
          How to read it: {how_to_read} Nothing is lost to the shop either way: the database \
          decides, and the sweeper covers what the broker dropped.\n\n{phases}\n\n\
          ### After every phase\n\n\
@@ -865,6 +893,9 @@ async fn ledger_and_report(
          |---|---|---|---|---|---|\n{stock}\n",
         outbox.0,
         outbox.1,
+        w_min = WINDOW_MIN_MS / 1_000,
+        w_max = (WINDOW_MIN_MS + WINDOW_SPREAD_MS) / 1_000,
+        down = DOWN.as_secs(),
         title = section_title(broker),
         make_root = if broker.at_least(4, 3) {
             " RABBITMQ_ROOT=/srv/rabbitmq43"

@@ -134,8 +134,9 @@ pub async fn settle(
         if pending == 0 || Instant::now() > settle_until {
             break;
         }
-        // Polling: a round every 2 s until nothing is pending.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Polling: a round every second until nothing is pending (a round
+        // reads only the orders still pending).
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     orders
 }
