@@ -2,7 +2,9 @@
 #
 #   make run     start the service on its defaults (SQLite file here, local broker)
 #   make demo    watch orders being paid and cancelled live (a local RabbitMQ: rabbitmqctl, management API on 15672)
-#   make test    lint, unit and integration tests against the real services
+#   make check   the inner loop, minutes: lint, the unit tests (no service needed) and the SQLite ttl
+#                variants of the integration suite (RabbitMQ only) (docs/development.md)
+#   make test    lint, unit and integration tests against the real services: the whole suite
 #   make test-broker TEST_BROKER=amqp://… TEST_MANAGEMENT=http://…/api
 #                the core scenarios, stages, pause and resume, and publisher examples against another broker
 #                (CI: RabbitMQ 4.0.5, and 4.3.6 where the native delay mode runs and the plugin cannot)
@@ -39,14 +41,16 @@ PYTHON := $(VENV)/bin/python
 # database pools, and timing-bound tests then fail for want of CPU.
 TEST_THREADS ?= 8
 
-.PHONY: run test test-upgrade test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts image image-tools test-image test-manifests browser test-ui
+.PHONY: run check test test-upgrade test-broker lint services broker databases examples-deps tools clean bench bench-million bench-checkout-ceiling chaos demo cluster cluster-stop test-cluster dist test-dist test-alerts image image-tools test-image test-manifests browser test-ui
 
+# Built as make test builds it (the whole workspace's features), so that
+# neither rebuilds the other.
 run: broker
-	$(CARGO) run --release -- serve
+	$(CARGO) build $(RELEASE) && target/release/order-timeout serve
 
 # A live demo: a few orders on a temporary database, the unpaid cancelled at their deadlines.
 demo: broker
-	$(CARGO) run --release -- demo
+	$(CARGO) build $(RELEASE) && target/release/order-timeout demo
 
 # Plugin-mode tests skip, saying why, on a broker without the delayed-message
 # plugin; with ORDER_TIMEOUT_REQUIRE_PLUGIN set (CI) they fail instead.
@@ -54,12 +58,17 @@ demo: broker
 # shown only for a test that fails): enough to tell a late delivery from a
 # slow database.
 TEST_LOG ?= warn,order_timeout=info
+# One build for everything: the release profile and the whole workspace's
+# features, for the tests as for the binary they spawn, the package, the image
+# and the page; a narrower selection (-p, or the dev profile) would compile
+# the dependencies again with other features.
+RELEASE := --release --locked --workspace
 TEST_ENV := ORDER_TIMEOUT_REQUIRE_EXAMPLES=1 ORDER_TIMEOUT_TEST_PYTHON=$(abspath $(PYTHON)) TEST_LOG=$(TEST_LOG)
 
 # The delayed-message plugin keeps its timers on the broker's node, not in the
 # vhost: after a run (whatever its outcome), the timers of the test vhosts it
 # deleted are removed (harness/src/delayed.rs), so nothing is left behind.
-FORGET_DELAYED = $(CARGO) run -q --locked -p order-timeout-harness --bin forget-delayed -- ot-test-
+FORGET_DELAYED = $(CARGO) build -q $(RELEASE) --bin forget-delayed && target/release/forget-delayed ot-test-
 # Runs a command, then a sweep; fails with the command's status, or the sweep's.
 define and_forget
 $(1); s=$$?; $(2) || exit 1; exit $$s
@@ -67,13 +76,18 @@ endef
 
 test: services examples-deps tools lint
 	$(MAKE) test-alerts
-	$(CARGO) build --release --locked --workspace
-	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --workspace -- --test-threads=$(TEST_THREADS),$(FORGET_DELAYED))
+	@# The previous release first (it shares target/release with this tree's
+	@# two crates): then this tree is built once, and nothing rebuilds it.
+	bash scripts/previous-release.sh $(UPGRADE_FROM)
+	$(CARGO) build $(RELEASE)
+	$(call and_forget,$(TEST_ENV) $(CARGO) test $(RELEASE) -- --test-threads=$(TEST_THREADS),$(FORGET_DELAYED))
+	@# The unit tests that need PostgreSQL or MariaDB (ignored by the unit tier, make check).
+	$(CARGO) test $(RELEASE) --lib -- --ignored
 	@# These restart the broker application: alone, after everything else.
-	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 broker_restart,$(FORGET_DELAYED))
+	$(call and_forget,$(TEST_ENV) $(CARGO) test $(RELEASE) --test api -- --ignored --test-threads=1 broker_restart,$(FORGET_DELAYED))
 	@# These set MariaDB's server-wide default time zone: alone too.
-	$(call and_forget,$(TEST_ENV) $(CARGO) test --locked --test api -- --ignored --test-threads=1 server_zone,$(FORGET_DELAYED))
-	@# The previous release beside this one (builds it: after the release build above).
+	$(call and_forget,$(TEST_ENV) $(CARGO) test $(RELEASE) --test api -- --ignored --test-threads=1 server_zone,$(FORGET_DELAYED))
+	@# The previous release beside this one (built first, above).
 	$(MAKE) test-upgrade
 	bash scripts/readme-example.sh ttl plugin
 	$(MAKE) test-dist
@@ -89,12 +103,12 @@ UPGRADE_FROM ?= v0.1.0
 test-upgrade: services
 	bash scripts/previous-release.sh $(UPGRADE_FROM)
 	$(call and_forget,ORDER_TIMEOUT_PREVIOUS_BIN=$(abspath target/upgrade/order-timeout-$(subst /,_,$(UPGRADE_FROM))) $(TEST_ENV) \
-		$(CARGO) test --locked --test api -- --ignored --test-threads=2 upgrade::,$(FORGET_DELAYED))
+		$(CARGO) test $(RELEASE) --test api -- --ignored --test-threads=2 upgrade::,$(FORGET_DELAYED))
 
 # The same workspace build as `make test`, so neither rebuilds the other's
 # dependencies with different features.
 dist:
-	$(CARGO) build --release --locked --workspace
+	$(CARGO) build $(RELEASE)
 	bash scripts/dist.sh
 
 test-dist: dist
@@ -102,7 +116,7 @@ test-dist: dist
 
 # The image from the same release build, no base image pulled (scripts/image.sh).
 image: image-tools
-	$(CARGO) build --release --locked --workspace
+	$(CARGO) build $(RELEASE)
 	bash scripts/image.sh
 
 # podman runs containers with runc: crun refuses a hybrid cgroup hierarchy.
@@ -117,7 +131,7 @@ test-image: image broker databases
 # The manifests' settings, commands, ports and probes checked with the release
 # binary against a database and vhost of their own (scripts/manifest-test.py).
 test-manifests: $(VENV)/.installed broker databases
-	$(CARGO) build --release --locked --workspace
+	$(CARGO) build $(RELEASE)
 	$(PYTHON) scripts/manifest-test.py
 
 # The page in a real browser: Debian's Chromium, headless, driven by
@@ -127,7 +141,7 @@ test-manifests: $(VENV)/.installed broker databases
 # unless UI_TEST_ARGS says otherwise.
 UI_TEST_ARGS ?=
 test-ui: $(VENV)/.installed browser broker databases
-	$(CARGO) build --release --locked --workspace
+	$(CARGO) build $(RELEASE)
 	$(call and_forget,$(PYTHON) scripts/ui-test.py $(UI_TEST_ARGS),$(FORGET_DELAYED))
 
 browser:
@@ -139,7 +153,7 @@ browser:
 # saying why, before RabbitMQ 4.3 (with ORDER_TIMEOUT_REQUIRE_NATIVE set they
 # fail instead); plugin-mode tests skip where the plugin is not enabled (it
 # cannot be on 4.3).
-# MariaDB variants are left to `make test`. TEST_RABBITMQCTL reaches that
+# TEST_RABBITMQCTL reaches that
 # broker's node, to remove the plugin timers the tests leave there
 # (`rabbitmqctl -n NODE`, say); without it they stay until they come due. A
 # node without the plugin, 4.3 included, has none: the sweep finds nothing.
@@ -149,15 +163,23 @@ TEST_RABBITMQCTL ?=
 test-broker: databases examples-deps
 	$(call and_forget,ORDER_TIMEOUT_TEST_BROKER=$(TEST_BROKER) ORDER_TIMEOUT_TEST_MANAGEMENT=$(TEST_MANAGEMENT) \
 		$(if $(TEST_RABBITMQCTL),ORDER_TIMEOUT_TEST_RABBITMQCTL="$(TEST_RABBITMQCTL)") $(TEST_ENV) \
-		$(CARGO) test --locked --test api -- --test-threads=$(TEST_THREADS) --skip mariadb \
+		$(CARGO) test $(RELEASE) --test api -- --test-threads=$(TEST_THREADS) \
 		core:: examples:: stages:: control:: native,$(if $(TEST_RABBITMQCTL),$(FORGET_DELAYED) $(TEST_RABBITMQCTL),echo "plugin timers of deleted test vhosts left on the broker of $(TEST_MANAGEMENT): TEST_RABBITMQCTL not set"))
 	@# The bench at a tiny size in native mode on that broker (skipped, saying why, where it has none).
 	ORDER_TIMEOUT_TEST_BROKER=$(TEST_BROKER) ORDER_TIMEOUT_TEST_MANAGEMENT=$(TEST_MANAGEMENT) \
-		$(CARGO) test --locked -p order-timeout-bench --test small_run -- --test-threads=1 native
+		$(CARGO) test $(RELEASE) --test small_run -- --test-threads=1 native
 	@# The native stage through a broker restart (rabbitmqctl stop_app, start_app): alone, after the rest.
 	$(if $(TEST_RABBITMQCTL),ORDER_TIMEOUT_TEST_BROKER=$(TEST_BROKER) ORDER_TIMEOUT_TEST_MANAGEMENT=$(TEST_MANAGEMENT) \
 		ORDER_TIMEOUT_TEST_RABBITMQCTL="$(TEST_RABBITMQCTL)" $(TEST_ENV) \
-		$(CARGO) test --locked --test api -- --ignored --test-threads=1 broker_restart_native)
+		$(CARGO) test $(RELEASE) --test api -- --ignored --test-threads=1 broker_restart_native)
+
+# The inner loop (docs/development.md): rustfmt, clippy, the unit tests (none
+# needs a service: those on PostgreSQL or MariaDB are ignored here, make test
+# runs them) and the integration suite's SQLite ttl variants, which need
+# RabbitMQ alone. Same profile as make test: neither rebuilds the other.
+check: broker lint
+	$(CARGO) test $(RELEASE) --lib --bins
+	TEST_LOG=$(TEST_LOG) $(CARGO) test $(RELEASE) --test api -- --test-threads=$(TEST_THREADS) sqlite_ttl
 
 lint:
 	python3 scripts/doc-links.py
@@ -209,7 +231,7 @@ cluster-stop:
 # a delay mode the broker cannot run say so and are skipped), and the cluster
 # is removed again whatever the outcome.
 test-cluster: databases cluster
-	$(call and_forget,OT_CLUSTER_ROOT=$(RABBITMQ_ROOT) $(CARGO) test --release --locked --test cluster -- --ignored --nocapture,$(CLUSTER_SH) stop)
+	$(call and_forget,OT_CLUSTER_ROOT=$(RABBITMQ_ROOT) $(CARGO) test $(RELEASE) --test cluster -- --ignored --nocapture,$(CLUSTER_SH) stop)
 
 # socat terminates TLS in front of the broker for the amqps:// test.
 tools:
@@ -254,7 +276,7 @@ BENCH_ARGS ?=
 # and a ledger check; writes docs/RELIABILITY.md. Stops the broker application:
 # never run it beside make test.
 chaos: services
-	$(CARGO) test --release --test chaos -- --ignored --nocapture
+	$(CARGO) test $(RELEASE) --test chaos -- --ignored --nocapture
 
 # The tracing comparison's baseline: the release TRACING_BASELINE, which has
 # no tracing code, built as `make test-upgrade` builds one (empty: none).
@@ -269,7 +291,7 @@ bench-million:
 
 # What PostgreSQL alone allows for checkout's one statement (pgbench, no service).
 bench-checkout-ceiling: databases
-	$(CARGO) build --release && bash bench/checkout-ceiling.sh
+	$(CARGO) build $(RELEASE) && bash bench/checkout-ceiling.sh
 
 clean:
 	$(CARGO) clean

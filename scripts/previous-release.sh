@@ -15,10 +15,12 @@
 # Cargo names a workspace member's artefacts after its path relative to the
 # workspace root, so the two trees' `order-timeout` and `migrations` share
 # their files in target/release: the old build replaces the current one's
-# (the uplifted target/release/order-timeout included). Once the old binary
-# is copied away, the current tree's is built again (those two crates only,
-# about as long as the old build) and checked with --version to be this
-# tree's HEAD.
+# (the uplifted target/release/order-timeout included). So `make test` runs
+# this first, before this tree's release build, and nothing of this tree is
+# built twice. A binary already at target/upgrade/order-timeout-REV that
+# names REV's commit is kept: nothing is built. When this tree's binary was
+# there before the old build, it is built again afterwards (those two crates
+# only) and checked with --version to be this tree's HEAD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -44,6 +46,15 @@ out=target/upgrade/order-timeout-$safe
 tree=target/upgrade/src-${commit:0:12}
 mkdir -p target/upgrade
 
+if [[ -x $out ]] && [[ $("$out" --version 2>/dev/null) == *"(${commit:0:12})" ]]; then
+    echo "previous-release: $out is $rev already: $("$out" --version)"
+    echo "$root/$out"
+    exit 0
+fi
+# Whether this tree's release binary is there, to be restored afterwards.
+current_built=false
+[[ -e target/release/order-timeout ]] && current_built=true
+
 # A worktree a killed run left behind goes first.
 remove_tree() {
     git worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"
@@ -60,14 +71,19 @@ started=$SECONDS
 echo "previous-release: built $rev in $((SECONDS - started)) s"
 cp target/release/order-timeout "$out"
 
-# target/release/order-timeout is the old one now: the current tree's again.
-started=$SECONDS
-$cargo build --release --locked --workspace --bin order-timeout
-echo "previous-release: current binary restored in $((SECONDS - started)) s"
-
-head=$(git rev-parse --short=12 HEAD)
-current=$(target/release/order-timeout --version)
-[[ $current == *"($head)" ]] \
-    || die "target/release/order-timeout says '$current', not this tree's HEAD ($head)"
-echo "previous-release: $out: $("$out" --version); target/release/order-timeout: $current"
+if $current_built; then
+    # target/release/order-timeout is the old one now: the current tree's again.
+    started=$SECONDS
+    $cargo build --release --locked --workspace --bin order-timeout
+    echo "previous-release: current binary restored in $((SECONDS - started)) s"
+    head=$(git rev-parse --short=12 HEAD)
+    current=$(target/release/order-timeout --version)
+    [[ $current == *"($head)" ]] \
+        || die "target/release/order-timeout says '$current', not this tree's HEAD ($head)"
+    echo "previous-release: target/release/order-timeout: $current"
+else
+    # Nothing of this tree was built: its first release build comes next.
+    rm -f target/release/order-timeout
+fi
+echo "previous-release: $out: $("$out" --version)"
 echo "$root/$out"

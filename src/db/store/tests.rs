@@ -3,7 +3,8 @@
 //! PostgreSQL and MariaDB run the same code in the integration tests; the
 //! checkout, which writes differently on each backend, is also checked here
 //! on a fresh database of the local PostgreSQL and MariaDB servers
-//! ([`on_each_backend`]).
+//! ([`on_each_backend`]): those variants are `#[ignore]`d, so that the unit
+//! tier needs no server, and `make test` runs them with `--ignored`.
 
 use super::*;
 
@@ -742,12 +743,14 @@ macro_rules! on_each_backend {
                 super::$name(&db().await).await
             }
             #[tokio::test]
+            #[ignore = "needs the local PostgreSQL: the integration tier runs it (make test)"]
             async fn postgres() {
                 let scratch = Scratch::new(DbBackend::Postgres).await;
                 super::$name(&scratch.db).await;
                 scratch.drop().await
             }
             #[tokio::test]
+            #[ignore = "needs the local MariaDB: the integration tier runs it (make test)"]
             async fn mariadb() {
                 let scratch = Scratch::new(DbBackend::MySql).await;
                 super::$name(&scratch.db).await;

@@ -229,11 +229,13 @@ async fn predicates_hold(dialect: Dialect) {
 }
 
 #[tokio::test]
+#[ignore = "needs the local PostgreSQL: the integration tier runs it (make test)"]
 async fn deadlines_are_instants_on_postgres() {
     predicates_hold(Dialect::Postgres).await;
 }
 
 #[tokio::test]
+#[ignore = "needs the local MariaDB: the integration tier runs it (make test)"]
 async fn deadlines_are_instants_on_mariadb() {
     let db = connect(Dialect::MySql).await;
     let zones = db
