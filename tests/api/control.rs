@@ -291,7 +291,7 @@ async fn relay_and_router_pause_where_they_stand(backend: Backend, mode: DelayMo
         assert_eq!(app.metric("order_timeout_paused", &[&label]).await, 0.0);
     }
 }
-matrix!(relay_and_router_pause_where_they_stand);
+each_mode!(relay_and_router_pause_where_they_stand);
 
 /// The sweeper, alone in closing orders (no relay publishes their timers):
 /// paused, it closes none; resumed, it closes them all.
@@ -332,7 +332,7 @@ async fn the_sweeper_pauses_and_resumes(backend: Backend, mode: DelayMode) {
         "{err}"
     );
 }
-matrix!(the_sweeper_pauses_and_resumes);
+each_mode!(the_sweeper_pauses_and_resumes);
 
 /// While payment timeouts are paused, an unpaid order past its deadline
 /// still takes its payment (a payment provider was down: buyers pay once it

@@ -208,12 +208,7 @@ async fn owned(backend: Backend, mode: DelayMode) {
     assert_eq!(kind(&answer, "payment")["total"], BURST, "{answer}");
 }
 
-matrix!(owned);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owned_mariadb_ttl() {
-    run(Backend::MariaDb, DelayMode::Ttl, owned).await;
-}
+each_mode!(owned, MariaDb);
 
 /// A shop's table (the mall, 3 s payment window from `create_time`, whole
 /// seconds): a burst of rows whose deadline is ten minutes ahead by the

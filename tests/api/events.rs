@@ -321,17 +321,7 @@ async fn every_transition_is_told_once(backend: Backend, mode: DelayMode) {
     );
 }
 
-matrix!(every_transition_is_told_once);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_transition_is_told_once_mariadb() {
-    run(
-        Backend::MariaDb,
-        DelayMode::Ttl,
-        every_transition_is_told_once,
-    )
-    .await
-}
+each_mode!(every_transition_is_told_once, MariaDb);
 
 /// A trigger that refuses to record one order's cancellation in the audit
 /// trail. A transition appends its events before its audit rows, so the

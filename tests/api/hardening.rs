@@ -213,17 +213,7 @@ where
     (refused, rest)
 }
 
-matrix!(one_refused_order_does_not_stop_the_rest);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_refused_order_does_not_stop_the_rest_mariadb() {
-    run(
-        Backend::MariaDb,
-        DelayMode::Ttl,
-        one_refused_order_does_not_stop_the_rest,
-    )
-    .await
-}
+each_mode!(one_refused_order_does_not_stop_the_rest, MariaDb);
 
 /// How far ahead the rows written here fall due: none does during a test.
 const MINUTE: Duration = Duration::from_secs(60);
@@ -470,7 +460,7 @@ async fn unknown_rows_are_kept(backend: Backend, mode: DelayMode) {
     assert_eq!(app.metric("order_timeout_outbox_backlog", &[]).await, 0.0);
 }
 
-matrix!(unknown_rows_are_kept);
+each_mode!(unknown_rows_are_kept);
 
 /// Whether another transaction can lock this row now (`FOR UPDATE NOWAIT`).
 async fn lockable(url: &str, table: &str, key: &str, value: &str) -> bool {
@@ -682,7 +672,7 @@ async fn unroutable_timers_are_parked(backend: Backend, mode: DelayMode) {
     assert_eq!(app.get_order(&id).await["status"], "pending_payment");
 }
 
-matrix!(unroutable_timers_are_parked);
+each_mode!(unroutable_timers_are_parked);
 
 /// A message a work queue cannot deliver (here: expired by its own TTL while
 /// the service is stopped; a length limit, a reject or a quorum queue's
@@ -814,7 +804,7 @@ fn mode_of(mode: order_timeout::amqp::topology::Mode) -> DelayMode {
     DelayMode::named(mode.as_str())
 }
 
-matrix!(an_earlier_topology_still_works);
+each_mode!(an_earlier_topology_still_works);
 
 /// The parked queue keeps at most 1 GiB of bodies, the oldest dropped first:
 /// a flood of bad messages cannot fill the broker's disk. (What a parked
@@ -866,7 +856,7 @@ async fn parked_queue_is_bounded(backend: Backend, mode: DelayMode) {
     assert_eq!(newest, vec![b'd', b'e']);
 }
 
-matrix!(parked_queue_is_bounded);
+each_mode!(parked_queue_is_bounded);
 
 /// Every test a "Guarantees" section of the documentation (README.md and
 /// docs/*.md) names exists, so no section can point at a test that was
@@ -970,4 +960,4 @@ async fn the_sweeper_sweeps_each_kind_on_its_own(backend: Backend, mode: DelayMo
     }
 }
 
-matrix!(the_sweeper_sweeps_each_kind_on_its_own);
+each_mode!(the_sweeper_sweeps_each_kind_on_its_own);

@@ -12,13 +12,7 @@ use sea_orm::{EntityTrait, PaginatorTrait};
 
 use crate::helpers::*;
 
-matrix!(a_retry_gets_the_same_order);
-
-/// MariaDB: the key's table, its binary comparison and the replay.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_a_retry_gets_the_same_order() {
-    a_retry_gets_the_same_order(Backend::MariaDb, DelayMode::Ttl).await
-}
+each_mode!(a_retry_gets_the_same_order, MariaDb);
 
 /// A raw checkout: (status, `Idempotent-Replayed` header, body text).
 async fn post_order(

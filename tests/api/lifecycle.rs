@@ -44,13 +44,8 @@ fn events(trail: &[Value]) -> Vec<String> {
         .collect()
 }
 
-matrix!(every_timeout_end_to_end);
-matrix!(buyer_actions_and_refusals);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_timeout_end_to_end_mariadb() {
-    every_timeout_end_to_end(Backend::MariaDb, DelayMode::Ttl).await
-}
+each_mode!(every_timeout_end_to_end, MariaDb);
+each_mode!(buyer_actions_and_refusals);
 
 async fn every_timeout_end_to_end(backend: Backend, mode: DelayMode) {
     let app = spawn_app(short(backend, mode)).await;
@@ -288,31 +283,52 @@ async fn purge_all(vhost: &str) -> usize {
     queues.len()
 }
 
+/// The stage windows and the unpaid orders' payment window of
+/// `sweeper_catches_what_the_broker_lost`: a timer published with a delay of
+/// 8 to 10 s (whole seconds, rounded down) waits first in the 8 s TTL level.
+const LOST_WINDOW: Duration = Duration::from_secs(10);
+/// How long a timer of [`LOST_WINDOW`] stays in its first TTL level.
+const LOST_FIRST_LEVEL: Duration = Duration::from_secs(8);
+/// The sweeper's interval and grace there.
+const LOST_SWEEP: Duration = Duration::from_millis(250);
+
 async fn sweeper_catches_what_the_broker_lost(backend: Backend) {
-    // Windows long enough that every timer still sits in its first TTL level (16 s)
-    // when it is purged: not between levels, not held in a consumer's memory.
+    // Windows long enough that every timer still sits in its first TTL level
+    // (8 s) when it is purged: not between levels, not held in a consumer's
+    // memory.
+    let window = format!("{}ms", LOST_WINDOW.as_millis());
+    let sweep = format!("{}ms", LOST_SWEEP.as_millis());
     let app = spawn_app(
         Spawn::new(backend, DelayMode::Ttl)
-            .env("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", "32s")
-            .env("ORDER_TIMEOUT__WINDOWS__RECEIPT", "32s")
+            .env("ORDER_TIMEOUT__WINDOWS__FULFILLMENT", window.clone())
+            .env("ORDER_TIMEOUT__WINDOWS__RECEIPT", window.clone())
             .env("ORDER_TIMEOUT__SWEEPER__ENABLED", "true")
-            .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", "1s")
-            .env("ORDER_TIMEOUT__SWEEPER__GRACE", "1s"),
+            .env("ORDER_TIMEOUT__SWEEPER__INTERVAL", sweep.clone())
+            .env("ORDER_TIMEOUT__SWEEPER__GRACE", sweep),
     )
     .await;
     app.put_stock("A", 100).await;
-    let mut unpaid = Vec::new();
-    let mut paid = Vec::new();
-    let mut shipped = Vec::new();
     let started = std::time::Instant::now();
-    for _ in 0..10 {
-        unpaid.push(app.order(&[("A", 1)], "32s").await);
+    // Ten of each at once: the sooner every timer is in, the shorter the
+    // windows can be.
+    let (app_ref, window_ref) = (&app, &window);
+    let placed = join_all((0..10).map(|_| async move {
+        let (app, window) = (app_ref, window_ref);
+        let u = app.order(&[("A", 1)], window).await;
         let p = app.order(&[("A", 2)], "10m").await;
         assert_eq!(app.post(&p, "pay").await.0, 200);
-        paid.push(p);
         let s = app.order(&[("A", 1)], "10m").await;
         assert_eq!(app.post(&s, "pay").await.0, 200);
         assert_eq!(app.post(&s, "ship").await.0, 200);
+        (u, p, s)
+    }))
+    .await;
+    let mut unpaid = Vec::new();
+    let mut paid = Vec::new();
+    let mut shipped = Vec::new();
+    for (u, p, s) in placed {
+        unpaid.push(u);
+        paid.push(p);
         shipped.push(s);
     }
     // Every timer is waiting in a TTL level (not in the outbox, not in the
@@ -330,13 +346,14 @@ async fn sweeper_catches_what_the_broker_lost(backend: Backend) {
     .await;
     assert!(purge_all(&app.vhost).await >= 28);
     assert!(
-        started.elapsed() < Duration::from_secs(15),
-        "setup took {:?}: some timers may have fired before the purge",
+        started.elapsed() < LOST_FIRST_LEVEL - Duration::from_secs(1),
+        "setup took {:?}: some timers may have left their first level before the purge",
         started.elapsed()
     );
 
-    // interval + grace after each deadline (all ≤ 32 s from the start), with slack for the sweep.
-    let within = Duration::from_secs(32 + 1 + 1 + 3);
+    // interval + grace after each deadline (all ≤ the window from the purge),
+    // with slack for the sweep.
+    let within = LOST_WINDOW + LOST_SWEEP + LOST_SWEEP + Duration::from_secs(3);
     for id in &unpaid {
         app.wait_status(id, "cancelled", within).await;
     }
@@ -452,8 +469,10 @@ async fn payment_and_timeout_race(backend: Backend) {
     }
     // 500 orders with the same deadline, far enough ahead for checkout on a
     // machine the rest of the suite keeps busy (toolchains of the publisher
-    // examples starting beside it, say).
-    let deadline = chrono::Utc::now().timestamp_millis() + 20_000;
+    // examples starting beside it, say): half a second alone, so twelve
+    // times that.
+    let placing = std::time::Instant::now();
+    let deadline = chrono::Utc::now().timestamp_millis() + 6_000;
     // Placed 50 at a time: the checkouts are not the race, and 500 at once
     // would only queue for the API's database pool on a busy machine.
     let ids: Vec<(String, Vec<(&str, i64)>)> = futures_util::stream::iter((0..500).map(|i| {
@@ -471,9 +490,10 @@ async fn payment_and_timeout_race(backend: Backend) {
     // Fire every payment at the deadline, as the timeouts fire: the sleep is
     // the scenario, not a wait for a condition.
     let wait = deadline - chrono::Utc::now().timestamp_millis() - 30;
+    let placed_in = placing.elapsed();
     assert!(
         wait > 0,
-        "checkout of 500 orders took longer than the window"
+        "checkout of 500 orders took {placed_in:?}, longer than the window"
     );
     tokio::time::sleep(Duration::from_millis(wait as u64)).await;
     let answers: Vec<(u16, Value)> = join_all(ids.iter().map(|(id, _)| {
@@ -519,7 +539,7 @@ async fn payment_and_timeout_race(backend: Backend) {
         );
     }
     assert_eq!(paid + cancelled, 500);
-    eprintln!("race: {paid} paid, {cancelled} cancelled");
+    eprintln!("race: {paid} paid, {cancelled} cancelled (checkout took {placed_in:?})");
     // Every timeout has come through (applied to the unpaid, a no-op for the paid).
     wait_until(
         Duration::from_secs(20),

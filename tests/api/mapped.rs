@@ -1133,7 +1133,7 @@ async fn owned_ids_stay_integers(backend: Backend, mode: DelayMode) {
     assert_eq!(app.queue_depth(&parked).await, 0);
 }
 
-matrix!(owned_ids_stay_integers);
+each_mode!(owned_ids_stay_integers);
 
 /// A queue of the test's own bound to `<prefix>.events` (`order.#`), as a
 /// shop's notification service would bind one.

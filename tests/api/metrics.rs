@@ -199,13 +199,15 @@ async fn wait_not_applicable(app: &TestApp, n: f64, what: &str) {
 }
 
 /// The sweeper's catch: the timer of this order is lost (levels purged) while
-/// it waits in level 02 (5 s = 4 + 1: it enters at the 4 s level).
+/// it waits in level 01 (3 s = 2 + 1: it enters at the 2 s level).
 async fn sweeper_catches_a_lost_timer(app: &TestApp) {
-    let swept = app.order(&[("A", 1)], "5s").await;
-    wait_until(Duration::from_secs(5), "timer in level 02", || async {
-        (app.queue_depth(&app.names.level(2)).await >= 1).then_some(())
+    let swept = app.order(&[("A", 1)], "3s").await;
+    wait_until(Duration::from_secs(3), "timer in level 01", || async {
+        (app.queue_depth(&app.names.level(1)).await >= 1).then_some(())
     })
     .await;
+    // The level it waits in first, before its 2 s there are up; then the rest.
+    purge_queue(&app.vhost, &app.names.level(1)).await;
     for l in 0..LEVELS {
         purge_queue(&app.vhost, &app.names.level(l)).await;
     }

@@ -112,13 +112,15 @@ fn phase_file(window: &str, tuning: &str) -> String {
     format!("[windows]\npayment = \"{window}\"\n{tuning}")
 }
 
-/// The scenario: orders placed steadily for 12 s on the default
+/// The scenario: orders placed steadily for 8 s on the default
 /// payment window (the file's), their deadlines 1.5 to 3 s away, so they come
-/// due all along; every 3 s the file changes and is reloaded. Then: every
+/// due all along; every 2 s the file changes and is reloaded. Then: every
 /// order cancelled once, none early, none by the sweeper; each one's window
 /// is the one in effect when it was placed; no broker connection dropped and
 /// no delivery given back.
 async fn reload_during_steady_deadlines(backend: Backend, mode: DelayMode) {
+    // How long each phase places orders: its orders come due during the next.
+    const PHASE: Duration = Duration::from_secs(2);
     let phases: [(&str, i64, &str); 4] = [
         ("2s", 2000, ""),
         (
@@ -144,8 +146,8 @@ async fn reload_during_steady_deadlines(backend: Backend, mode: DelayMode) {
     let mut expected: HashMap<String, i64> = HashMap::new();
     let start = Instant::now();
     let mut phase = 0;
-    while start.elapsed() < Duration::from_secs(12) {
-        let due_phase = (start.elapsed().as_secs() / 3) as usize;
+    while start.elapsed() < PHASE * phases.len() as u32 {
+        let due_phase = (start.elapsed().as_millis() / PHASE.as_millis()) as usize;
         if due_phase > phase && due_phase < phases.len() {
             phase = due_phase;
             let (window, _, tuning) = phases[phase];
@@ -164,7 +166,7 @@ async fn reload_during_steady_deadlines(backend: Backend, mode: DelayMode) {
         // No window asked for: the default, which the reloads change.
         let id = place_default(&app).await;
         expected.insert(id, phases[phase].1);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(phase, 3, "every reload happened");
     let n = expected.len() as i64;
@@ -339,7 +341,7 @@ async fn refused_whole_and_restart_keys_reported(backend: Backend, mode: DelayMo
         "{out}"
     );
 }
-matrix!(refused_whole_and_restart_keys_reported);
+each_mode!(refused_whole_and_restart_keys_reported);
 
 /// A real `serve` process: SIGHUP reloads its file, the new window applies to
 /// the next order, and the new log level is the filter from then on.

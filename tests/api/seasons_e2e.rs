@@ -1,9 +1,9 @@
 //! End to end across a spring jump (issue 40): a shop in Europe/Berlin places
-//! orders in the minute before 02:00 CET becomes 03:00 CEST, each with a 20 s
+//! orders in the seconds before 02:00 CET becomes 03:00 CEST, each with a 10 s
 //! payment window, so that every deadline lies after the jump (03:00:01 to
 //! 03:00:07 CEST). Wall clock less the window (the naive predicate) would
 //! close them all at the jump, 1 to 7 s early; the service must close each
-//! when 20 s have really passed.
+//! when 10 s have really passed.
 //!
 //! Only the database's clock is moved: a throwaway PostgreSQL cluster of the
 //! machine's version, started under libfaketime a few seconds before the jump
@@ -36,14 +36,17 @@ use crate::mapped::{Mall, Shop, mall_mapping, mall_schema};
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 const ZONE: &str = "Europe/Berlin";
-/// The database's clock when its cluster starts: 01:59:35 CET, 25 s before
-/// the jump. The first order is placed at 01:59:41 (its deadline just past
+/// The database's clock when its cluster starts: 01:59:43 CET, 17 s before
+/// the jump. The first order is placed at 01:59:51 (its deadline just past
 /// the jump), which leaves the service a few seconds to start (1.5 to 6 s
-/// seen here); one that starts later (up to some 20 s) bunches the orders
-/// up, still before the jump.
-const FAKE_START: &str = "2027-03-28 00:59:35";
+/// seen here); one that starts later (up to some 13 s) bunches the orders
+/// up, still before the jump. (Each second here is a second of the test's
+/// run: the clock starts no earlier than the start needs.)
+const FAKE_START: &str = "2027-03-28 00:59:43";
 /// The payment window, and how much earlier than it each message is due.
-const WINDOW_MS: i64 = 20_000;
+/// The orders' spread (6 s) must fit in the window before the jump; the
+/// messages, due 5 s early, come from 4 s before the jump to 2 s after it.
+const WINDOW_MS: i64 = 10_000;
 const EARLY_MS: i64 = 5_000;
 /// How late a close may come after the deadline.
 const LATE_MS: i64 = 1_000;
