@@ -4,7 +4,8 @@
 //! the `ORDER_TIMEOUT_COMMIT` given at build time (a source tarball, an image
 //! build without `.git`); else `unknown`.
 //!
-//! Cheap: a few `git rev-parse` calls, rerun only when this work tree's HEAD moves.
+//! Cheap: a few `git rev-parse` calls, rerun only when this work tree's HEAD
+//! moves (or, outside a git checkout, when the variable changes).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,10 +14,12 @@ use std::process::Command;
 const COMMIT_VAR: &str = "ORDER_TIMEOUT_COMMIT";
 
 fn main() {
-    println!("cargo:rerun-if-env-changed={COMMIT_VAR}");
     let here = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let commit = git_commit(&here)
         .or_else(|| {
+            // Watched only where it is read: in a git checkout, setting or
+            // changing it does not rebuild the crate.
+            println!("cargo:rerun-if-env-changed={COMMIT_VAR}");
             std::env::var(COMMIT_VAR)
                 .ok()
                 .map(|c| c.trim().to_string())

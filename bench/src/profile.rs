@@ -167,12 +167,17 @@ impl CpuTrace {
             let (readings, stop) = (readings.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let at = order_timeout::domain::Millis::now().0;
-                    let cpu = Cpu::read(service, broker, ticks);
+                    let reading = Self::read(service, broker, ticks);
                     if let Ok(mut r) = readings.lock() {
-                        r.push((at, cpu));
+                        r.push(reading);
                     }
                     std::thread::sleep(CPU_EVERY);
+                }
+                // One more once stopped: the drain ended (its last cancel
+                // committed) before, so the readings cover it whatever the
+                // phase of the last one in the loop.
+                if let Ok(mut r) = readings.lock() {
+                    r.push(Self::read(service, broker, ticks));
                 }
             })
         };
@@ -183,7 +188,13 @@ impl CpuTrace {
         }
     }
 
-    /// Stops reading; the readings so far, oldest first.
+    /// One reading, stamped when it was taken (epoch ms).
+    fn read(service: Option<u32>, broker: Option<u32>, ticks: f64) -> (i64, Cpu) {
+        let at = order_timeout::domain::Millis::now().0;
+        (at, Cpu::read(service, broker, ticks))
+    }
+
+    /// Stops reading; the readings so far and one taken now, oldest first.
     pub fn finish(mut self) -> Vec<(i64, Cpu)> {
         self.halt();
         self.readings

@@ -435,17 +435,31 @@ fn db_clock_ms(backend: Backend) -> &'static str {
 /// was written (`cancel_clock`): independent of the stamps the service
 /// computes before its transaction, so a transaction that runs after a pause
 /// answered cannot hide behind an earlier stamp.
+///
+/// The same trigger paces the database: each cancellation costs it about a
+/// millisecond more (a sleep on PostgreSQL, a 62,500-row count on SQLite,
+/// which has no sleep), so a burst of thousands lasts seconds in any build
+/// and a pause sent once the first ones committed lands inside it, not after
+/// a release build's catch-ups finished the lot in a fifth of a second.
 async fn clock_cancellations(app: &TestApp, backend: Backend) {
     let clock = db_clock_ms(backend);
     let statements = match backend {
-        Backend::Sqlite => vec![format!(
-            "CREATE TRIGGER cancel_clock AFTER INSERT ON order_events \
-             WHEN NEW.event = 'cancelled' \
-             BEGIN INSERT INTO cancel_clock VALUES (NEW.order_id, {clock}); END"
-        )],
+        Backend::Sqlite => vec![
+            "CREATE TABLE pace (n INTEGER)".to_string(),
+            "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 250) \
+             INSERT INTO pace SELECT n FROM s"
+                .to_string(),
+            format!(
+                "CREATE TRIGGER cancel_clock AFTER INSERT ON order_events \
+                 WHEN NEW.event = 'cancelled' \
+                 BEGIN INSERT INTO cancel_clock SELECT NEW.order_id, {clock} \
+                 WHERE (SELECT COUNT(*) FROM pace a, pace b) > 0; END"
+            ),
+        ],
         _ => vec![
             format!(
                 "CREATE FUNCTION cancel_clock() RETURNS trigger AS $$ BEGIN \
+                 PERFORM pg_sleep(0.001); \
                  INSERT INTO cancel_clock VALUES (NEW.order_id, {clock}); RETURN NEW; \
                  END $$ LANGUAGE plpgsql"
             ),
