@@ -44,23 +44,32 @@ pub enum Need {
     Operations,
     /// A token of this scope (or the admin scope).
     Scope(Scope),
+    /// A route [`need`] does not know: refused to everyone, whatever the
+    /// tokens, until it is given a need (default deny).
+    Undeclared,
 }
 
 /// What a route needs, from its path template as the router matched it.
 /// Shipping is the one merchant's action on an order and has its own route,
 /// so the scope comes from the match alone: nothing here reads the request's
 /// path, whose spelling (percent-encoding, case, slashes) a caller chooses.
-/// A path that matched no route needs nothing: it is answered 404.
+/// A path that matched no route needs nothing: it is answered 404. A route
+/// not named here is [`Need::Undeclared`], refused: a route added without
+/// deciding who may call it is closed, not public.
 pub fn need(template: Option<&str>) -> Need {
-    match template {
-        Some("/inventory/{sku}" | "/orders/{id}/ship") => Need::Scope(Scope::Admin),
-        Some(path) if path.starts_with("/admin/") => Need::Scope(Scope::Admin),
-        Some("/orders" | "/orders/{id}" | "/orders/{id}/{action}") => Need::Scope(Scope::Checkout),
-        Some("/readyz" | "/metrics") => Need::Operations,
+    let Some(path) = template else {
+        return Need::Open;
+    };
+    match path {
+        "/inventory/{sku}" | "/orders/{id}/ship" => Need::Scope(Scope::Admin),
+        path if path.starts_with("/admin/") => Need::Scope(Scope::Admin),
+        "/orders" | "/orders/{id}" | "/orders/{id}/{action}" => Need::Scope(Scope::Checkout),
+        "/readyz" | "/metrics" => Need::Operations,
+        "/healthz" | "/openapi.json" => Need::Open,
         // The operator's page holds no data: its script calls `/admin/*`
         // with the token the operator gives it.
-        Some("/ui" | "/ui/app.js" | "/ui/style.css") => Need::Open,
-        _ => Need::Open,
+        "/ui" | "/ui/app.js" | "/ui/style.css" => Need::Open,
+        _ => Need::Undeclared,
     }
 }
 
@@ -76,6 +85,8 @@ pub enum Denied {
         /// The scope the route needs.
         needs: Scope,
     },
+    /// A route with no declared need ([`Need::Undeclared`]).
+    Undeclared,
 }
 
 impl Denied {
@@ -85,6 +96,7 @@ impl Denied {
             Self::Missing => "missing_token",
             Self::Invalid => "invalid_token",
             Self::Forbidden { .. } => "insufficient_scope",
+            Self::Undeclared => "undeclared_route",
         }
     }
 }
@@ -114,6 +126,7 @@ impl<'a> Access<'a> {
     /// header value (raw bytes, as received).
     pub fn check(&self, need: Need, authorization: Option<&[u8]>) -> Result<(), Denied> {
         let needs = match need {
+            Need::Undeclared => return Err(Denied::Undeclared),
             // No tokens configured (allowed on loopback only, or when
             // `http.allow_anonymous` says so): the API is open.
             _ if !self.http.has_tokens() => return Ok(()),
@@ -400,5 +413,20 @@ mod tests {
         assert_eq!(need(Some("/ui/app.js")), Need::Open);
         assert_eq!(need(Some("/admin/overview")), admin);
         assert_eq!(need(None), Need::Open);
+        assert_eq!(need(Some("/debug/vars")), Need::Undeclared);
+    }
+
+    #[test]
+    fn an_undeclared_route_is_refused_whatever_the_tokens() {
+        let open = http("", "", false);
+        assert_eq!(
+            Access::new(&open).check(Need::Undeclared, None),
+            Err(Denied::Undeclared)
+        );
+        let tokens = http(ADMIN, CHECKOUT, false);
+        assert_eq!(
+            Access::new(&tokens).check(Need::Undeclared, Some(&header(ADMIN))),
+            Err(Denied::Undeclared)
+        );
     }
 }

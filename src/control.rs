@@ -236,9 +236,10 @@ pub struct Pauses {
     /// comes while a pause waits queues behind it, then finds the flag set.
     gates: [RwLock<()>; ROLES],
     /// Held by whoever writes the shared pauses or applies what it read of
-    /// them (the admin API, the follower of the table): a reading taken
-    /// before a resume cannot be applied after it.
-    shared: tokio::sync::Mutex<()>,
+    /// them (the admin API, the follower of the table), never across the
+    /// follower's read: it counts the writes, and a reading that began
+    /// before a write is not applied after it.
+    shared: tokio::sync::Mutex<u64>,
 }
 
 /// Leave for one transaction to change orders on behalf of some roles, from
@@ -256,7 +257,7 @@ impl Default for Pauses {
             flags: watch::Sender::new([false; ROLES]),
             states: Mutex::new(std::array::from_fn(|_| RoleState::default())),
             gates: std::array::from_fn(|_| RwLock::new(())),
-            shared: tokio::sync::Mutex::new(()),
+            shared: tokio::sync::Mutex::new(0),
         }
     }
 }
@@ -320,9 +321,10 @@ impl Pauses {
         self.set(role, scope, None, false)
     }
 
-    /// Taken by whoever changes the shared pauses or applies a reading of
-    /// them, for the write or read and its application together.
-    pub async fn shared_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+    /// Taken by whoever changes the shared pauses (for the write and its
+    /// application together: it adds one to the count it guards) or applies
+    /// a reading of them (if the count is still what it was before the read).
+    pub async fn shared_lock(&self) -> tokio::sync::MutexGuard<'_, u64> {
         self.shared.lock().await
     }
 

@@ -110,7 +110,8 @@ pub async fn pause(
             Ok(changed)
         }
         PauseScope::Shared => {
-            let _shared = ctx.pauses.shared_lock().await;
+            let mut writes = ctx.pauses.shared_lock().await;
+            *writes += 1;
             let since = db::clock::now(&ctx.api_db)
                 .await
                 .map_err(PausingError::written)?;
@@ -164,9 +165,10 @@ pub async fn resume(
     match scope {
         PauseScope::Instance => Ok(apply_resume(ctx, role, scope)),
         PauseScope::Shared => {
-            // Held until applied: the follower cannot apply a reading taken
-            // before the DELETE after it.
-            let _shared = ctx.pauses.shared_lock().await;
+            // Held until applied, counted: the follower does not apply a
+            // reading it began before the DELETE.
+            let mut writes = ctx.pauses.shared_lock().await;
+            *writes += 1;
             let deleted = db::pauses::delete(&ctx.api_db, role.as_str())
                 .await
                 .map_err(PausingError::written)?;
@@ -199,6 +201,9 @@ pub async fn load(ctx: &Context) -> Result<(), DbErr> {
     Ok(())
 }
 
+/// Longest the follower waits for one reading of the shared pauses.
+const READ_LIMIT: Duration = Duration::from_secs(5);
+
 /// Follows the shared pauses until shutdown: every `control.poll_interval`,
 /// applies what other instances paused and resumed.
 pub async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
@@ -209,15 +214,21 @@ pub async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        let read = {
-            let _shared = ctx.pauses.shared_lock().await;
-            match db::pauses::all(&ctx.db).await {
-                Ok(rows) => {
+        // The read holds nothing the API needs: a pause or resume asked
+        // meanwhile writes and answers at once, and this reading, begun
+        // before that write, is dropped (the next one sees it). A read that
+        // hangs (a stuck connection, a lock) is given up at READ_LIMIT.
+        let before = *ctx.pauses.shared_lock().await;
+        let read = match tokio::time::timeout(READ_LIMIT, db::pauses::all(&ctx.db)).await {
+            Ok(Ok(rows)) => {
+                let writes = ctx.pauses.shared_lock().await;
+                if *writes == before {
                     apply(&ctx, &rows).await;
-                    Ok(())
                 }
-                Err(e) => Err(e),
+                Ok(())
             }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {READ_LIMIT:?}")),
         };
         match read {
             Ok(()) if failed > 0 => {
@@ -227,7 +238,7 @@ pub async fn follow(ctx: Arc<Context>, shutdown: CancellationToken) {
             Ok(()) => {}
             Err(e) => {
                 failed += 1;
-                ctx.telemetry.shared_pauses_unread(&e.to_string(), failed);
+                ctx.telemetry.shared_pauses_unread(&e, failed);
             }
         }
     }

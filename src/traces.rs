@@ -23,7 +23,8 @@
 //! starts a new trace, and the message goes on as any other.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use lapin::BasicProperties;
@@ -31,8 +32,10 @@ use lapin::types::{AMQPValue, FieldTable};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanData, SpanExporter};
+use prometheus_client::metrics::counter::Counter;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
@@ -50,6 +53,61 @@ pub const TRACES_PATH: &str = "/v1/traces";
 
 /// How long the exporter waits for the receiver's answer to one batch.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Spans lost in exports that failed (the receiver refused the batch, did
+/// not answer within [`EXPORT_TIMEOUT`], or could not be reached): the SDK
+/// sends each batch once. Process-wide, as the exporter is;
+/// `order_timeout_trace_spans_lost_total` reads it.
+pub static SPANS_LOST: LazyLock<Counter> = LazyLock::new(Counter::default);
+
+/// The OTLP exporter, counting what it loses ([`SPANS_LOST`]) and saying so
+/// once per run of failures: a warning at the first, a line with the count
+/// when exports work again.
+#[derive(Debug)]
+struct Counted<E> {
+    inner: E,
+    /// Spans lost since the last export that worked; 0 while they work.
+    failing: AtomicU64,
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len() as u64;
+        let result = self.inner.export(batch).await;
+        match &result {
+            Ok(()) => {
+                let lost = self.failing.swap(0, Ordering::Relaxed);
+                if lost > 0 {
+                    tracing::info!(lost, "trace export works again");
+                }
+            }
+            Err(e) => {
+                SPANS_LOST.inc_by(spans);
+                if self.failing.fetch_add(spans, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        error = %e,
+                        spans,
+                        "trace export failed: these spans are lost (counted in \
+                         order_timeout_trace_spans_lost_total; no further line until exports work again)"
+                    );
+                }
+            }
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
 
 /// The installed provider: set once, by [`layer`], when tracing is on.
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
@@ -77,6 +135,10 @@ where
         .with_endpoint(format!("{}{TRACES_PATH}", settings.otlp_endpoint))
         .with_timeout(EXPORT_TIMEOUT)
         .build()?;
+    let exporter = Counted {
+        inner: exporter,
+        failing: AtomicU64::new(0),
+    };
     let batches =
         opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
             exporter,
@@ -233,16 +295,47 @@ pub fn into_headers(span: &Span, properties: BasicProperties) -> BasicProperties
     properties.with_headers(headers)
 }
 
+/// Most characters a stored context may have: its columns'
+/// (`trace_context VARCHAR(1024)`).
+pub const STORED_MAX: usize = 1024;
+
 /// The span's context as an outbox row keeps it: the `traceparent`, then a
 /// line feed and the `tracestate` when there is one (neither may hold a line
-/// feed). `None` for `Span::none()`.
+/// feed). `None` for `Span::none()`. At most [`STORED_MAX`] characters: the
+/// `traceparent` is always kept and `tracestate` members (up to 32 of 512
+/// characters each, by W3C) are dropped whole from the end until it fits, as
+/// the W3C allows a vendor to.
 pub fn stored(span: &Span) -> Option<String> {
     let fields = fields_of(span);
     let parent = fields.get(TRACEPARENT)?;
-    Some(match fields.get(TRACESTATE).filter(|s| !s.is_empty()) {
-        Some(state) => format!("{parent}\n{state}"),
-        None => parent.clone(),
-    })
+    Some(bounded(
+        parent,
+        fields.get(TRACESTATE).map_or("", String::as_str),
+    ))
+}
+
+/// `parent`, and `state`'s leading members that fit beside it in
+/// [`STORED_MAX`] characters (see [`stored`]).
+fn bounded(parent: &str, state: &str) -> String {
+    let mut kept = String::new();
+    let room = STORED_MAX.saturating_sub(parent.chars().count() + 1);
+    let mut used = 0;
+    for member in state.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let cost = member.chars().count() + usize::from(used > 0);
+        if used + cost > room {
+            break;
+        }
+        if used > 0 {
+            kept.push(',');
+        }
+        kept.push_str(member);
+        used += cost;
+    }
+    if kept.is_empty() {
+        parent.to_string()
+    } else {
+        format!("{parent}\n{kept}")
+    }
 }
 
 /// The context of the span the caller runs in, as [`stored`] keeps it;
@@ -266,22 +359,6 @@ pub fn follow_stored(span: &Span, stored: Option<&str>) {
         fields.insert(TRACESTATE.to_string(), state.to_string());
     }
     adopt(span, extract(&fields));
-}
-
-/// Records on a `consumer.apply` span what became of its delivery.
-pub(crate) fn record_disposition(span: &Span, action: &crate::amqp::disposition::Disposition) {
-    use crate::amqp::disposition::Disposition;
-    let outcome = match action {
-        Disposition::Applied { lateness_ms } => {
-            span.record("timeout.lateness_ms", *lateness_ms);
-            "applied"
-        }
-        Disposition::NotApplicable { .. } => "not_applicable",
-        Disposition::Hold(_) => "held",
-        Disposition::Redelay(_) => "redelayed",
-        Disposition::Park(_) => "parked",
-    };
-    span.record("timeout.outcome", outcome);
 }
 
 tokio::task_local! {
@@ -320,6 +397,37 @@ pub fn for_order(order_id: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_tracestate_loses_whole_members_from_the_end_to_fit() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        // 30 members of about 45 characters, multi-byte values among them:
+        // 1,339 characters, as a publisher sent in the reproduction.
+        let members: Vec<String> = (0..30)
+            .map(|i| format!("vendor{i:02}=é{}", "x".repeat(35 + i % 3)))
+            .collect();
+        let state = members.join(",");
+        let stored = bounded(parent, &state);
+        assert!(stored.chars().count() <= STORED_MAX, "{}", stored.len());
+        let (kept_parent, kept) = stored.split_once('\n').unwrap();
+        assert_eq!(kept_parent, parent);
+        let kept: Vec<&str> = kept.split(',').collect();
+        // Whole members, the first ones, as many as fit.
+        assert_eq!(
+            kept,
+            members[..kept.len()]
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        );
+        let next = members[kept.len()].chars().count() + 1;
+        assert!(stored.chars().count() + next > STORED_MAX);
+        // Short ones are kept whole; an empty state is no line.
+        assert_eq!(bounded(parent, "a=1,b=2"), format!("{parent}\na=1,b=2"));
+        assert_eq!(bounded(parent, ""), parent);
+        // A single member too long for the room: the traceparent alone.
+        assert_eq!(bounded(parent, &format!("a={}", "y".repeat(1000))), parent);
+    }
 
     #[test]
     fn a_malformed_traceparent_is_no_parent() {

@@ -492,7 +492,7 @@ impl KindConsumer {
                 (None, None) => decide(ExpiryOutcome::NotFound, Millis::now(), hold_max, true),
             };
             if let Some(span) = spans.get(&delivery.delivery_tag) {
-                traces::record_disposition(span, &action);
+                action.record_on(span);
             }
             match action {
                 Disposition::Applied { lateness_ms } => {

@@ -29,6 +29,23 @@ pub enum Disposition {
     Park(Park),
 }
 
+impl Disposition {
+    /// Records on a `consumer.apply` span what became of its delivery.
+    pub(crate) fn record_on(&self, span: &tracing::Span) {
+        let outcome = match self {
+            Self::Applied { lateness_ms } => {
+                span.record("timeout.lateness_ms", *lateness_ms);
+                "applied"
+            }
+            Self::NotApplicable { .. } => "not_applicable",
+            Self::Hold(_) => "held",
+            Self::Redelay(_) => "redelayed",
+            Self::Park(_) => "parked",
+        };
+        span.record("timeout.outcome", outcome);
+    }
+}
+
 /// A decoded message the orders can act on, its id in canonical spelling;
 /// or why not, to park it: an id the orders cannot have (the service's own
 /// ids are positive integers; a mapped id column's type decides), or a kind a

@@ -92,13 +92,13 @@ impl Peek {
         self.headers.get(name)?.as_str()
     }
 
-    /// The `order_id` of its body, when the body is the contract's JSON, or
-    /// its start (cut, or followed by garbage) is: a string, or a number as
-    /// written.
+    /// The top-level `order_id` of its body, when the body is the contract's
+    /// JSON, or its start (cut, or followed by garbage) is: a string, or a
+    /// number as written. One nested deeper (`{"x": {"order_id": 1}}`) is no
+    /// order's.
     pub fn order_id(&self) -> Option<String> {
         let body = self.body.as_deref()?;
-        let at = body.find("\"order_id\"")? + "\"order_id\"".len();
-        let rest = body[at..].trim_start().strip_prefix(':')?;
+        let rest = &body[top_level_value(body, "order_id")?..];
         let value = serde_json::Deserializer::from_str(rest)
             .into_iter::<Value>()
             .next()?
@@ -110,11 +110,65 @@ impl Peek {
         }
     }
 
+    /// The reason the service's parking wrote and which part of it parked
+    /// the message (`router` or `consumer`); `None` for a message the
+    /// service did not park (the broker dead-lettered it, or routed it to
+    /// the parked queue as unroutable). The router drops these headers from
+    /// what publishers send, so they are the service's own.
+    pub fn parked_by_service(&self) -> Option<(&str, &'static str)> {
+        let reason = self.header(super::wire::X_PARKED_REASON)?;
+        match self.header(super::wire::X_PARKED_BY)? {
+            "router" => Some((reason, "router")),
+            "consumer" => Some((reason, "consumer")),
+            _ => None,
+        }
+    }
+
     /// The `kind` of its body, when it names one.
     pub fn body_kind(&self) -> Option<String> {
         let body: Value = serde_json::from_str(self.body.as_deref()?).ok()?;
         body["kind"].as_str().map(str::to_string)
     }
+}
+
+/// Where the value of `key` starts in `body`'s top-level object, read as
+/// far as the body goes (a cut one too): strings and nesting are followed,
+/// so that a key inside a nested object or a string is not taken.
+fn top_level_value(body: &str, key: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut chars = body.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth = depth.checked_sub(1)?,
+            '"' => {
+                let start = i + 1;
+                let mut end = None;
+                while let Some((j, c)) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => {
+                            end = Some(j);
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                let end = end?;
+                if depth == 1 && &body[start..end] == key {
+                    let after = &body[end + 1..];
+                    let trimmed = after.trim_start();
+                    if let Some(value) = trimmed.strip_prefix(':') {
+                        return Some(body.len() - value.len());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// A client of one broker's management API, for one vhost.
@@ -406,6 +460,19 @@ mod tests {
             Some("42")
         );
         assert_eq!(peek("not json").order_id(), None);
+        // Only the top level names the order: not a nested object's key, nor
+        // a string that reads like one.
+        assert_eq!(
+            peek(r#"{"meta": {"order_id": "666"}, "order_id": "7"}"#)
+                .order_id()
+                .as_deref(),
+            Some("7")
+        );
+        assert_eq!(
+            peek(r#"{"note": "\"order_id\": 666", "items": [{"order_id": 1}]}"#).order_id(),
+            None
+        );
+        assert_eq!(peek(r#"[{"order_id": "9"}]"#).order_id(), None);
         let of = Peek::of(
             &serde_json::json!({"routing_key": "receipt", "payload": "AAE=",
             "payload_encoding": "base64", "properties": {"headers": {}}}),

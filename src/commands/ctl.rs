@@ -116,7 +116,7 @@ pub async fn run(
         } => Some(serde_json::json!({ "reason": reason })),
         _ => (method == Method::POST).then(|| Value::Object(Default::default())),
     };
-    let answer = match client
+    let mut answer = match client
         .send(method, &format!("{url}{path}"), body.as_ref())
         .await
     {
@@ -126,6 +126,10 @@ pub async fn run(
             return ExitCode::FAILURE;
         }
     };
+    // What the answer holds came from publishers, shops and operators
+    // (parked bodies, reasons, statuses): none of it reaches the terminal
+    // as a control character, in either output.
+    printable(&mut answer.body);
     if json {
         println!("{}", answer.body);
         return if answer.status.is_success() {
@@ -140,6 +144,29 @@ pub async fn run(
     }
     print!("{}", render(&action, &answer.body));
     ExitCode::SUCCESS
+}
+
+/// Replaces every control character (C0, DEL, C1: escape sequences, line
+/// breaks that would forge a line) in the strings of `value` with its
+/// visible escape, `\u{1b}` say.
+fn printable(value: &mut Value) {
+    match value {
+        Value::String(s) if s.chars().any(char::is_control) => {
+            *s = s
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_unicode().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect();
+        }
+        Value::Array(items) => items.iter_mut().for_each(printable),
+        Value::Object(fields) => fields.values_mut().for_each(printable),
+        _ => {}
+    }
 }
 
 /// The query naming the scope: none for the default, shared.
@@ -450,6 +477,9 @@ fn story(body: &Value) -> String {
             if let Some(detail) = p["detail"].as_str() {
                 line += &format!(": {detail}");
             }
+            if let Some(by) = p["parked_by"].as_str() {
+                line += &format!("  (parked by {by})");
+            }
             line += &format!("  in {}", text(&p["queue"]));
             if let Some(at) = p["at"].as_str() {
                 line += &format!(" since {at}");
@@ -621,6 +651,29 @@ mod tests {
         assert!(text.contains("(the shop's table says 'PAID')"), "{text}");
         assert!(
             text.contains("parked: not checked (amqp.management_url = off)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn what_a_publisher_or_a_shop_wrote_reaches_the_terminal_escaped() {
+        let mut body = json!({
+            "id": "9", "source": "mapped", "status": "paid\u{1b}[2J", "status_raw": "PAID\u{9b}31m",
+            "now": "x", "parked_checked": true,
+            "parked": [{"kind": "payment", "reason": "bad_delay", "detail": "x\nparked: forged line\u{7}",
+                        "queue": "p.parked", "at": null, "parked_by": "router"}]
+        });
+        printable(&mut body);
+        let text = render(&CtlAction::Order { id: "9".into() }, &body);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("paid\\u{1b}[2J"), "{text}");
+        assert!(text.contains("x\\u{a}parked: forged line\\u{7}"), "{text}");
+        assert!(
+            !lines.iter().any(|l| l.starts_with("parked: forged")),
             "{text}"
         );
     }

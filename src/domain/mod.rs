@@ -206,16 +206,20 @@ impl Serialize for Millis {
     }
 }
 
-/// Shortens untrusted text before it goes into an error message or a header.
+/// Shortens untrusted text before it goes into an error message, a header
+/// or a column: at most `max` characters (as VARCHAR counts them on
+/// PostgreSQL and MariaDB), the last an ellipsis when it was cut.
 pub fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some(_) => {
+            let keep = s
+                .char_indices()
+                .nth(max.saturating_sub(1))
+                .map_or(0, |(i, _)| i);
+            format!("{}…", &s[..keep])
+        }
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]

@@ -130,3 +130,15 @@ fn millis_round_trip_rfc3339() {
     assert_eq!(t.plus(Duration::from_secs(1)).signed_since(t), 1000);
     assert_eq!(t.since(t.plus(Duration::from_secs(1))), Duration::ZERO);
 }
+
+#[test]
+fn truncate_keeps_at_most_max_characters_multi_byte_or_not() {
+    assert_eq!(truncate("abc", 3), "abc");
+    assert_eq!(truncate("abcd", 3), "ab…");
+    // Four-byte characters: the bound is characters, as VARCHAR counts them.
+    let emoji = "😀".repeat(300);
+    let cut = truncate(&emoji, 255);
+    assert_eq!(cut.chars().count(), 255);
+    assert!(cut.ends_with('…'));
+    assert_eq!(truncate(&"é".repeat(255), 255), "é".repeat(255));
+}

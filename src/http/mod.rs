@@ -149,6 +149,13 @@ impl From<Denied> for ApiError {
                     Scope::Checkout => "Bearer error=\"insufficient_scope\", scope=\"checkout\"",
                 },
             ),
+            // No token would do: no challenge.
+            Denied::Undeclared => {
+                return Self::new(
+                    StatusCode::FORBIDDEN,
+                    "this endpoint declares no access rule, so it is refused to everyone",
+                );
+            }
         };
         Self {
             challenge: Some(challenge),
@@ -292,7 +299,7 @@ fn declare_security(doc: &mut utoipa::openapi::OpenApi, protect_operations: bool
         }
         let need = auth::need(Some(path));
         let scopes: Vec<&str> = match need {
-            Need::Open => continue,
+            Need::Open | Need::Undeclared => continue,
             Need::Operations if !protect_operations => continue,
             Need::Operations => Vec::new(),
             Need::Scope(scope) => vec![scope.as_str()],
@@ -316,6 +323,9 @@ fn declare_security(doc: &mut utoipa::openapi::OpenApi, protect_operations: bool
     }
 }
 
+/// Where the OpenAPI document is served.
+const OPENAPI_PATH: &str = "/openapi.json";
+
 /// The OpenAPI document of the HTTP API as `/openapi.json` serves it with
 /// `http.protect_operations` off (the default).
 pub fn openapi() -> utoipa::openapi::OpenApi {
@@ -332,7 +342,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
         // The operator's page: static, open; its script calls the admin API.
         .merge(ui::routes())
         .route(
-            "/openapi.json",
+            OPENAPI_PATH,
             get(move || {
                 let doc = doc.clone();
                 async move { Json(doc.as_ref().clone()) }
@@ -450,4 +460,24 @@ fn parse_id(raw: &str) -> Result<OrderId, ApiError> {
             crate::domain::truncate(raw, 64)
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Default deny holds only if no route is left undeclared: every route
+    /// the router is built from (the documented ones, the page's files and
+    /// the document itself) has a need of its own.
+    #[test]
+    fn every_route_declares_what_it_needs() {
+        let (_, doc) = routes(false);
+        let mut paths: Vec<&str> = doc.paths.paths.keys().map(String::as_str).collect();
+        paths.extend(ui::FILES.iter().map(|(path, ..)| *path));
+        paths.push(OPENAPI_PATH);
+        assert!(paths.len() >= 20, "{paths:?}");
+        for path in paths {
+            assert_ne!(auth::need(Some(path)), Need::Undeclared, "{path}");
+        }
+    }
 }

@@ -13,7 +13,6 @@
 use super::admin::{RoleView, role_views};
 use super::*;
 use crate::amqp::management::{Management, Peek, Peeked};
-use crate::amqp::wire::X_PARKED_REASON;
 use crate::domain::TimeoutKind;
 
 /// Most parked messages read per answer to count their reasons: the page asks
@@ -82,7 +81,7 @@ pub(super) struct ParkedView {
     queue: String,
     /// Messages in it.
     total: u64,
-    /// How many of the first `read` have each reason (`x-parked-reason`;
+    /// How many of the first `read` have each reason (`x-parked-reason` with `x-parked-by`;
     /// `dead_lettered` for a message a queue dead-lettered, `unroutable`
     /// for one no queue took), most first.
     by_reason: Vec<ReasonCount>,
@@ -231,8 +230,8 @@ fn by_reason(messages: &[Peek]) -> Vec<ReasonCount> {
 
 /// Why a message is in the parked queue.
 fn reason_of(message: &Peek) -> &str {
-    match message.header(X_PARKED_REASON) {
-        Some(reason) => reason,
+    match message.parked_by_service() {
+        Some((reason, _)) => reason,
         None if message.headers.get("x-death").is_some() => DEAD_LETTERED,
         None => UNROUTABLE,
     }
@@ -253,11 +252,13 @@ mod tests {
     #[test]
     fn parked_messages_are_counted_by_reason_most_first() {
         let messages = [
-            message(json!({"x-parked-reason": "missing_delay"})),
-            message(json!({"x-parked-reason": "invalid_body"})),
-            message(json!({"x-parked-reason": "missing_delay"})),
+            message(json!({"x-parked-reason": "missing_delay", "x-parked-by": "router"})),
+            message(json!({"x-parked-reason": "invalid_body", "x-parked-by": "consumer"})),
+            message(json!({"x-parked-reason": "missing_delay", "x-parked-by": "router"})),
             message(json!({"x-death": [{"reason": "expired"}]})),
             message(json!({})),
+            // Not the service's parking: a reason without who parked it.
+            message(json!({"x-parked-reason": "forged", "x-death": [{"reason": "rejected"}]})),
         ];
         let counted = by_reason(&messages);
         let pairs: Vec<(&str, u64)> = counted
@@ -267,8 +268,8 @@ mod tests {
         assert_eq!(
             pairs,
             [
+                ("dead_lettered", 2),
                 ("missing_delay", 2),
-                ("dead_lettered", 1),
                 ("invalid_body", 1),
                 ("unroutable", 1)
             ]
@@ -281,7 +282,7 @@ mod tests {
                 complete: false,
             }),
         );
-        assert_eq!((view.total, view.read, view.checked), (250, 5, true));
+        assert_eq!((view.total, view.read, view.checked), (250, 6, true));
         let view = parked_view(
             "p.parked".into(),
             Err("the management API at x did not answer".into()),

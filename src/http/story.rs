@@ -8,7 +8,7 @@
 
 use super::*;
 use crate::amqp::management::{Management, Peek, Peeked};
-use crate::amqp::wire::{X_ORIGINAL_ROUTING_KEY, X_PARKED_AT, X_PARKED_DETAIL, X_PARKED_REASON};
+use crate::amqp::wire::{X_ORIGINAL_ROUTING_KEY, X_PARKED_AT, X_PARKED_DETAIL};
 use crate::domain::{OrderKey, TimeoutKind};
 use crate::orders::{EventState, Story, Transition};
 
@@ -84,6 +84,11 @@ pub(super) struct ParkedView {
     kind: Option<&'static str>,
     /// Why it was parked (`x-parked-reason`), or how it was dead-lettered there.
     reason: String,
+    /// Whose reason it is: `router` or `consumer` (the service parked it and
+    /// wrote the reason; the router strips such headers from what publishers
+    /// send), `broker` (dead-lettered there: the reason is the broker's
+    /// `x-death`), or `unknown`.
+    parked_by: &'static str,
     /// More on why (`x-parked-detail`).
     detail: Option<String>,
     /// The queue it is in.
@@ -217,19 +222,23 @@ fn parked_view(m: &Peek, queue: &str) -> ParkedView {
         .and_then(known)
         .or_else(|| m.header(X_ORIGINAL_ROUTING_KEY).and_then(known))
         .or_else(|| known(&m.routing_key));
-    let reason = match m.header(X_PARKED_REASON) {
-        Some(reason) => reason.to_string(),
-        None => {
-            let death = &m.headers["x-death"][0];
-            match (death["reason"].as_str(), death["queue"].as_str()) {
-                (Some(why), Some(from)) => format!("dead-lettered ({why}) from {from}"),
-                _ => "unknown: no x-parked-reason or x-death header".to_string(),
-            }
-        }
+    let death = &m.headers["x-death"][0];
+    let (reason, parked_by) = match (
+        m.parked_by_service(),
+        death["reason"].as_str(),
+        death["queue"].as_str(),
+    ) {
+        (Some((reason, by)), ..) => (reason.to_string(), by),
+        (None, Some(why), Some(from)) => (format!("dead-lettered ({why}) from {from}"), "broker"),
+        _ => (
+            "unknown: neither the service's parking headers nor x-death".to_string(),
+            "unknown",
+        ),
     };
     ParkedView {
         kind,
         reason,
+        parked_by,
         detail: m.header(X_PARKED_DETAIL).map(str::to_string),
         queue: queue.to_string(),
         at: m.header(X_PARKED_AT).map(str::to_string),

@@ -29,21 +29,20 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
      style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
+/// The page's files: path, body and type.
+pub(super) const FILES: [(&str, &str, &str); 3] = [
+    ("/ui", PAGE, "text/html; charset=utf-8"),
+    ("/ui/app.js", SCRIPT, "text/javascript; charset=utf-8"),
+    ("/ui/style.css", STYLE, "text/css; charset=utf-8"),
+];
+
 /// The page's routes: open (no token), static.
 pub(super) fn routes() -> Router<Arc<Context>> {
-    Router::new()
-        .route(
-            "/ui",
-            get(|| async { asset(PAGE, "text/html; charset=utf-8") }),
-        )
-        .route(
-            "/ui/app.js",
-            get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/ui/style.css",
-            get(|| async { asset(STYLE, "text/css; charset=utf-8") }),
-        )
+    FILES
+        .into_iter()
+        .fold(Router::new(), |router, (path, body, content_type)| {
+            router.route(path, get(move || async move { asset(body, content_type) }))
+        })
 }
 
 /// One file with its type and the headers that keep a browser to it.

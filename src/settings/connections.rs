@@ -242,11 +242,32 @@ pub(super) fn read_pem(key: &str, path: &str) -> Result<Option<String>, Settings
     Ok(Some(text))
 }
 
+/// Longest `amqp.instance`, in bytes: it goes into AMQP short strings
+/// (consumer tags such as `consumer shipping NAME`, 255 bytes at most) and
+/// into 255-character columns, with room for what is put before it.
+pub const INSTANCE_MAX_BYTES: usize = 128;
+
 /// `amqp.instance`: the name given, or when empty this host's name and the
-/// process id, so that the broker tells apart two instances on one host.
-pub(super) fn instance_name(value: &str) -> String {
+/// process id, so that the broker tells apart two instances on one host. A
+/// name longer than [`INSTANCE_MAX_BYTES`] or holding a control character is
+/// refused here, naming the key: past start-up it would stop the consumers.
+pub(super) fn instance_name(key: &str, value: &str) -> Result<String, SettingsError> {
     if !value.is_empty() {
-        return value.to_string();
+        if value.len() > INSTANCE_MAX_BYTES {
+            return Err(invalid(
+                key,
+                format!(
+                    "'{}' is {} bytes long; at most {INSTANCE_MAX_BYTES} (it names this instance \
+                     in consumer tags, which AMQP keeps to 255 bytes)",
+                    crate::domain::truncate(value, 32),
+                    value.len()
+                ),
+            ));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(invalid(key, format!("{value:?} holds a control character")));
+        }
+        return Ok(value.to_string());
     }
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_string())
@@ -254,7 +275,8 @@ pub(super) fn instance_name(value: &str) -> String {
     let host = if host.is_empty() {
         "localhost".to_string()
     } else {
-        host
+        // A host name is at most 64 bytes (HOST_NAME_MAX); bounded all the same.
+        crate::domain::truncate(&host, 64)
     };
-    format!("{host}:{}", std::process::id())
+    Ok(format!("{host}:{}", std::process::id()))
 }

@@ -292,8 +292,8 @@ settings! {
         router_prefetch: u16 = "256", |k, v, _| parse_range(k, v, 1, 65535);
         /// classic (one node, fastest) or quorum (replicated: timers survive losing a node).
         queue_type: QueueType = "classic", |k, v, _| parse_choice(k, v, &QueueType::ALL, QueueType::as_str);
-        /// This instance's name in its broker connection names; empty: HOST:PID.
-        instance: String = "", |_, v, _| Ok::<_, SettingsError>(instance_name(v));
+        /// This instance's name in its broker connection names (at most 128 bytes); empty: HOST:PID.
+        instance: String = "", |k, v, _| instance_name(k, v);
         // The file's certificates go to `tls_ca_pem`, read here so that a
         // missing or wrong file stops start-up naming this key.
         /// PEM file of CA certificates to trust for amqps:// besides the system's; empty: none.

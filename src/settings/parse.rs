@@ -119,12 +119,22 @@ pub(super) fn parse_otlp_endpoint(key: &str, value: &str) -> Result<String, Sett
             format!("'{value}' is not a URL ({e}); write it like http://collector:4318"),
         )
     })?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+    if url.scheme() == "https" {
+        // The exporter speaks plain HTTP: an https:// endpoint would get
+        // every batch refused, and the spans lost without a word.
         return Err(invalid(
             key,
             format!(
-                "'{value}' (expected http://HOST:PORT or https://HOST:PORT of an OTLP/HTTP receiver)"
+                "'{value}': the exporter speaks plain HTTP, not TLS; give the http:// address of \
+                 a collector beside the service (an OpenTelemetry Collector sidecar or agent), \
+                 which forwards to the remote one over TLS"
             ),
+        ));
+    }
+    if url.scheme() != "http" || url.host_str().is_none() {
+        return Err(invalid(
+            key,
+            format!("'{value}' (expected http://HOST:PORT of an OTLP/HTTP receiver)"),
         ));
     }
     if !url.username().is_empty() || url.password().is_some() {

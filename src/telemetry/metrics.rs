@@ -86,6 +86,12 @@ impl Metrics {
     // A table: one registration per metric, so it is as long as the list.
     pub(super) fn new() -> Self {
         let mut registry = Registry::with_prefix("order_timeout");
+        // Counted by the exporter, process-wide; only read here.
+        registry.register(
+            "trace_spans_lost",
+            "Spans lost in trace exports that failed (the OTLP receiver refused a batch, did not answer or could not be reached); each batch is sent once",
+            crate::traces::SPANS_LOST.clone(),
+        );
         Self {
             timeouts: registered(
                 &mut registry,

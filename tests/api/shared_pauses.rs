@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use order_timeout::domain::TimeoutKind;
-use sea_orm::{ConnectionTrait, Statement};
+use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
 use serde_json::{Value, json};
 
 use crate::control::{count, ctl};
@@ -405,4 +405,69 @@ async fn an_unreadable_table_keeps_the_last_known_pauses_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_table_keeps_the_last_known_pauses_mariadb() {
     an_unreadable_table_keeps_the_last_known_pauses(Backend::MariaDb).await
+}
+
+/// Issue 42: the follower of the shared pauses holds nothing the API needs
+/// while it reads them. Its pool (`database.background_connections = 1`)
+/// hangs: the test holds an order's row, and the timeout's transaction waits
+/// on it with the pool's one connection, so the follower's next reading
+/// cannot even start. A shared pause and resume of the router (which waits
+/// for no transaction of its own) still answer within a second, written
+/// through the API's pool; the reading that hung is dropped, not applied
+/// after them. Let go, the order is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_reading_does_not_hold_up_pause_and_resume() {
+    let app = spawn_app(
+        spawn(Backend::Postgres, DelayMode::Ttl)
+            .env("ORDER_TIMEOUT__DATABASE__BACKGROUND_CONNECTIONS", "1"),
+    )
+    .await;
+    app.put_stock("HANG", 1).await;
+    let id = app.order(&[("HANG", 1)], "1s").await;
+    // The test's own connections: the service's background pool is the one
+    // that hangs.
+    let side = sea_orm::Database::connect(app.env["ORDER_TIMEOUT__DATABASE__URL"].as_str())
+        .await
+        .unwrap();
+    let holder = side.begin().await.unwrap();
+    holder
+        .execute_unprepared(&format!("SELECT id FROM orders WHERE id = {id} FOR UPDATE"))
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "the timeout's transaction waiting on the held row",
+        || async {
+            let row = side
+                .query_one_raw(Statement::from_string(
+                    side.get_database_backend(),
+                    "SELECT COUNT(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            (row.try_get_by_index::<i64>(0).unwrap() > 0).then_some(())
+        },
+    )
+    .await;
+    // The follower's next reading waits for the pool's one connection.
+    tokio::time::sleep(POLL * 2).await;
+    for action in ["pause", "resume"] {
+        let asked = Instant::now();
+        let (status, answer) = admin(&app, action, "router", None).await;
+        let took = asked.elapsed();
+        assert_eq!(status, 200, "{action}: {answer}");
+        assert!(
+            took < Duration::from_secs(1),
+            "{action} answered after {took:?} while the follower's reading hung"
+        );
+    }
+    assert!(role_status(&app, "router").await["paused"] == false);
+    holder.rollback().await.unwrap();
+    side.close().await.ok();
+    app.wait_status(&id, "cancelled", Duration::from_secs(20))
+        .await;
+    assert!(rows(&app).await.is_empty(), "resumed: no row");
+    assert!(role_status(&app, "router").await["paused"] == false);
 }

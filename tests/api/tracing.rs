@@ -65,6 +65,26 @@ async fn postgres_plugin_off() {
     run(Backend::Postgres, DelayMode::Plugin, off_sends_nothing).await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_tracestate_postgres_plugin() {
+    run(
+        Backend::Postgres,
+        DelayMode::Plugin,
+        a_long_tracestate_is_cut_to_fit,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_tracestate_mariadb_ttl() {
+    run(
+        Backend::MariaDb,
+        DelayMode::Ttl,
+        a_long_tracestate_is_cut_to_fit,
+    )
+    .await
+}
+
 /// One span as received, with what the checks need.
 #[derive(Debug, Clone)]
 struct Got {
@@ -264,6 +284,46 @@ async fn event_traceparent(
         },
     )
     .await
+}
+
+/// The `traceparent` and `tracestate` headers of the `cancelled` event of
+/// each of `ids`, waiting for the messages (in whatever order they come).
+async fn cancel_traces(
+    channel: &Channel,
+    queue: &str,
+    ids: &[&str],
+) -> HashMap<String, (String, String)> {
+    let found = Mutex::new(HashMap::new());
+    wait_until(Duration::from_secs(30), "the cancelled events", || {
+        let found = &found;
+        async move {
+            while let Some(msg) = channel
+                .basic_get(queue.into(), BasicGetOptions::default())
+                .await
+                .unwrap()
+            {
+                msg.delivery
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .unwrap();
+                let body: serde_json::Value = serde_json::from_slice(&msg.delivery.data).unwrap();
+                if body["event"] == "cancelled" {
+                    let headers = msg.delivery.properties.headers().as_ref();
+                    let text = |name| wire::header_text(headers, name).unwrap_or_default();
+                    let id = body["order_id"].as_str().unwrap_or_default().to_string();
+                    found
+                        .lock()
+                        .unwrap()
+                        .insert(id, (text("traceparent"), text("tracestate")));
+                }
+            }
+            let found = found.lock().unwrap();
+            ids.iter().all(|id| found.contains_key(*id)).then_some(())
+        }
+    })
+    .await;
+    found.into_inner().unwrap()
 }
 
 /// Publishes a payment timeout for `id` on the entry exchange, as a shop's
@@ -521,4 +581,106 @@ async fn off_sends_nothing(backend: Backend, mode: DelayMode) {
         0,
         "export requests with tracing off"
     );
+}
+
+/// Issue 42: a W3C `tracestate` of 30 members, 1,339 characters, longer than the 1,024 the stored context's column holds.
+/// Published with pika by the Python example, its timeout still cancels the
+/// order (on PostgreSQL, and MariaDB in strict mode, where a longer value is
+/// refused rather than cut); a checkout carrying it answers 201. What is kept
+/// is the `traceparent` and the leading members that fit, each whole.
+async fn a_long_tracestate_is_cut_to_fit(backend: Backend, mode: DelayMode) {
+    let Some(python) = crate::examples::python() else {
+        return crate::examples::missing("python with pika");
+    };
+    let (_receiver, addr) = Receiver::start().await;
+    let fresh = fresh(Spawn::new(backend, mode)).await;
+    let (mut child, api) = serve(
+        &fresh,
+        &[
+            (
+                "ORDER_TIMEOUT__TRACING__OTLP_ENDPOINT",
+                format!("http://{addr}"),
+            ),
+            ("ORDER_TIMEOUT__CONSUMER__CATCH_UP", "false".to_string()),
+        ],
+    )
+    .await;
+    // W3C allows printable ASCII only in a member's value.
+    let members: Vec<String> = (0..30)
+        .map(|i| format!("vendor{i:02}={}", "s".repeat(if i < 20 { 35 } else { 34 })))
+        .collect();
+    let state = members.join(",");
+    assert_eq!(state.chars().count(), 1_339);
+    let (_events_conn, events, queue) = event_queue(&fresh).await;
+    api.put_stock("TRACE-L", 10).await;
+    admin_post(&api, "/admin/pause/relay").await;
+    let shop_order = api.order(&[("TRACE-L", 1)], "3s").await;
+    let db = sea_orm::Database::connect(fresh.database_url())
+        .await
+        .unwrap();
+    sea_orm::ConnectionTrait::execute_unprepared(
+        &db,
+        &format!("DELETE FROM outbox WHERE order_id = {shop_order}"),
+    )
+    .await
+    .unwrap();
+    admin_post(&api, "/admin/resume/relay").await;
+    let out = std::process::Command::new(&python)
+        .arg(repo_path("rabbitmq/examples/python/publish_timeout.py"))
+        .args(["--url", &fresh.amqp_url, "--order-id", &shop_order])
+        .args(["--delay-ms", "2000"])
+        .args(["--traceparent", &format!("00-{SHOP_TRACE}-{SHOP_SPAN}-01")])
+        .args(["--tracestate", &state])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    api.wait_status(&shop_order, "cancelled", Duration::from_secs(20))
+        .await;
+    let parked = api.metric("order_timeout_parked_messages_total", &[]).await;
+    assert_eq!(parked, 0.0, "nothing parked");
+
+    let resp = api
+        .http
+        .post(format!("{}/orders", api.base))
+        .header("traceparent", format!("00-{STORE_TRACE}-{STORE_SPAN}-01"))
+        .header("tracestate", &state)
+        .json(&json!({ "items": [{ "sku": "TRACE-L", "quantity": 1 }], "payment_window": "1s" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        201,
+        "a checkout carrying the long tracestate"
+    );
+    let id = resp.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    api.wait_status(&id, "cancelled", Duration::from_secs(20))
+        .await;
+
+    // The cancelled events carry on what was kept with them: in the
+    // shop's trace and in the storefront's, the leading members, each whole.
+    let traces = cancel_traces(&events, &queue, &[&shop_order, &id]).await;
+    for (id, trace) in [(&shop_order, SHOP_TRACE), (&id, STORE_TRACE)] {
+        let (parent, kept) = &traces[id.as_str()];
+        assert!(parent.starts_with(&format!("00-{trace}-")), "{parent}");
+        let kept: Vec<&str> = kept.split(',').collect();
+        assert!(kept.len() >= 20, "{} members kept", kept.len());
+        assert_eq!(
+            kept,
+            members[..kept.len()]
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        );
+        assert!(parent.len() + 1 + kept.join(",").len() <= 1024);
+    }
+    db.close().await.ok();
+    child.stop();
 }

@@ -29,6 +29,8 @@ def main() -> int:
     parser.add_argument("--order-id", required=True, help="the order's id (sent as a string)")
     parser.add_argument("--kind", default="payment", choices=["payment", "fulfillment", "receipt"])
     parser.add_argument("--delay-ms", type=int, required=True, help="milliseconds until the deadline")
+    parser.add_argument("--traceparent", help="W3C trace context of the checkout, carried on to the cancel's trace")
+    parser.add_argument("--tracestate", help="W3C trace state, with --traceparent")
     args = parser.parse_args()
 
     if not 0 < args.delay_ms <= MAX_DELAY_MS:
@@ -40,12 +42,17 @@ def main() -> int:
         "kind": args.kind,
         "due_at": due.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     })
+    headers = {"x-delay": args.delay_ms}
+    if args.traceparent:
+        headers["traceparent"] = args.traceparent
+        if args.tracestate:
+            headers["tracestate"] = args.tracestate
     properties = pika.BasicProperties(
         content_type="application/json",
         delivery_mode=2,  # persistent: the timer must survive a broker restart
         message_id=str(uuid.uuid4()),
         timestamp=int(time.time()),
-        headers={"x-delay": args.delay_ms},
+        headers=headers,
     )
 
     connection = pika.BlockingConnection(pika.URLParameters(args.url))

@@ -416,15 +416,31 @@ pub fn with_delay(original: &BasicProperties, delay_ms: u64) -> BasicProperties 
         let name = name.as_str();
         !(name == "x-death"
             || name == "x-opt-delivery-time"
-            || name.starts_with("x-opt-order-timeout-")
             || name.starts_with("x-first-death-")
-            || name.starts_with("x-last-death-"))
+            || name.starts_with("x-last-death-")
+            || stamped_by_service(name))
     });
     headers.insert(
         X_DELAY.into(),
         AMQPValue::LongLongInt(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
     );
     forwardable(original, headers)
+}
+
+/// Whether the service itself writes this header (parking's `x-parked-*`
+/// and `x-original-*`, its own counts `x-order-timeout-*`, the native stage's
+/// `x-opt-order-timeout-*`): a publisher's copy of one is dropped where the
+/// message enters, so that what operators read as the service's was
+/// written by it.
+pub fn stamped_by_service(name: &str) -> bool {
+    [
+        "x-parked-",
+        "x-original-",
+        "x-order-timeout-",
+        "x-opt-order-timeout-",
+    ]
+    .iter()
+    .any(|prefix| name.starts_with(prefix))
 }
 
 /// The properties of a parked copy: what the original had (`forwardable`:
@@ -439,6 +455,12 @@ pub fn parked_properties(
     now: Millis,
 ) -> BasicProperties {
     let mut headers = headers_of(original);
+    // Parking's own headers are written afresh: none the message came with
+    // (a publisher's, at the router) stays beside them.
+    headers.retain(|name, _| {
+        let name = name.as_str();
+        !(name.starts_with("x-parked-") || name.starts_with("x-original-"))
+    });
     let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
     headers.insert(X_PARKED_REASON.into(), text(park.reason.as_str()));
     headers.insert(X_PARKED_DETAIL.into(), text(&truncate(&park.detail, 1000)));

@@ -234,6 +234,16 @@ fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersona
         "x-opt-order-timeout-deferrals".into(),
         AMQPValue::LongLongInt(1),
     );
+    // A publisher's forgeries of what the service stamps.
+    for forged in [
+        X_PARKED_REASON,
+        X_PARKED_BY,
+        "x-parked-note",
+        X_ORIGINAL_SIZE,
+        X_REDELAYS,
+    ] {
+        headers.insert(forged.into(), AMQPValue::LongString("forged".into()));
+    }
     let original = BasicProperties::default()
         .with_message_id("m1".into())
         .with_content_type("application/json".into())
@@ -255,6 +265,15 @@ fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersona
     assert_eq!(header_int(h, "x-shop"), Some(Ok(7)));
     assert_eq!(header_int(h, "x-opt-delivery-time"), None);
     assert_eq!(header_int(h, "x-opt-order-timeout-deferrals"), None);
+    for forged in [
+        X_PARKED_REASON,
+        X_PARKED_BY,
+        "x-parked-note",
+        X_ORIGINAL_SIZE,
+        X_REDELAYS,
+    ] {
+        assert_eq!(header_text(h, forged), None, "{forged} forwarded");
+    }
     assert_eq!(sent.message_id(), original.message_id());
     assert_eq!(sent.content_type(), original.content_type());
     assert_eq!(sent.correlation_id(), original.correlation_id());
@@ -270,6 +289,14 @@ fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersona
         header_text(h, X_ORIGINAL_EXPIRATION).as_deref(),
         Some("100")
     );
+    // Parking's own headers are the service's, none of the publisher's.
+    assert_eq!(
+        header_text(h, X_PARKED_REASON).as_deref(),
+        Some("invalid_body")
+    );
+    assert_eq!(header_text(h, X_PARKED_BY).as_deref(), Some("router"));
+    assert_eq!(header_text(h, "x-parked-note"), None);
+    assert_eq!(header_text(h, X_ORIGINAL_SIZE), None);
     assert_eq!(
         header_text(h, X_ORIGINAL_USER_ID).as_deref(),
         Some("someone-else")

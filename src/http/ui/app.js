@@ -394,8 +394,8 @@
       "no event", 4);
     $("order-parked-note").textContent = o.parked_checked ? "" : "the parked queue was not read: " + (o.parked_error || "unknown");
     fill($("order-parked").tBodies[0],
-      (o.parked || []).map((p) => row([p.kind, ["reason", p.reason], p.queue, p.at])),
-      o.parked_checked ? "none" : "not read", 4);
+      (o.parked || []).map((p) => row([p.kind, ["reason", p.reason], ["parked_by", p.parked_by], p.queue, p.at])),
+      o.parked_checked ? "none" : "not read", 5);
   }
 
   // ---- start ---------------------------------------------------------------

@@ -138,6 +138,8 @@ fn wrong_values_are_refused_naming_their_key_never_a_secret() {
             "tracing.otlp_endpoint = grpc://collector:4317 => tracing.otlp_endpoint: expected http://HOST:PORT",
             "tracing.otlp_endpoint = http://u:hunter2@collector:4318 => tracing.otlp_endpoint: credentials do not belong",
             "tracing.otlp_endpoint = http://collector:4318/?x=1 => tracing.otlp_endpoint: no query",
+            "tracing.otlp_endpoint = https://collector:4318 => tracing.otlp_endpoint: speaks plain HTTP, not TLS",
+            "amqp.instance = \u{1b}[2J => amqp.instance: holds a control character",
             "tracing.sample_ratio = 1.5 => tracing.sample_ratio: from 0.0 to 1.0",
             "tracing.sample_ratio = half => tracing.sample_ratio: from 0.0 to 1.0",
             "tracing.service_name = \u{7} => tracing.service_name: no control characters",
@@ -447,5 +449,29 @@ fn the_audit_is_kept_for_its_retention_or_for_ever() {
             "audit.retention"
         ),
         "off"
+    );
+}
+
+#[test]
+fn an_instance_name_fits_consumer_tags_and_columns_or_is_refused() {
+    // 128 bytes of two-byte characters: taken; one more: refused, naming the key.
+    let at_edge = "é".repeat(64);
+    let s = load(&[("amqp.instance", at_edge.as_str())]).unwrap();
+    assert_eq!(s.amqp.instance, at_edge);
+    for long in ["é".repeat(65), "i".repeat(300)] {
+        let err = load(&[("amqp.instance", long.as_str())]).expect_err("too long");
+        let text = err.to_string();
+        assert!(
+            matches!(&err, SettingsError::Invalid { key, .. } if key == "amqp.instance"),
+            "{text}"
+        );
+        assert!(text.contains("at most 128"), "{text}");
+    }
+    // Empty: this host and the process, which always fit.
+    let default = load(&[]).unwrap();
+    assert!(
+        default.amqp.instance.len() <= 128,
+        "{}",
+        default.amqp.instance
     );
 }
