@@ -26,9 +26,10 @@
 //! `--million` is a different scenario: see [`million`].
 //!
 //! Modules, in the order a run uses them:
-//! - this file: the command line, and `main`;
+//! - this file: the command line, `main`, and the run sequence (the run, then
+//!   the tracing comparison, cleanup, the JSON written at the end);
 //! - [`cli`]: the bench's options;
-//! - [`run`]: one run (broker, vhost, mode, database, the child `serve`), the JSON written at the end;
+//! - [`run`]: one run (broker, vhost, mode, database, the child `serve`);
 //! - [`ctx`]: what every phase of a run needs (HTTP client, database, broker URL, settings);
 //! - [`env`]: the management API, the run's database, the child process, cleanup;
 //! - [`timeouts`]: the burst and steady scenario, phase by phase;
@@ -61,10 +62,12 @@ mod sql;
 mod timeouts;
 mod tracing_cost;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::Parser;
+use serde_json::Value;
 
 use cli::BenchArgs;
 use order_timeout::settings::{Settings, SettingsSource};
@@ -103,11 +106,72 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run::run(settings, cli.config, cli.args)) {
+    match runtime.block_on(run(settings, cli.config, cli.args)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("order-timeout-bench: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs the bench; the exit code says whether the run was right.
+async fn run(
+    settings: Settings,
+    config: Option<PathBuf>,
+    args: BenchArgs,
+) -> anyhow::Result<ExitCode> {
+    let management = env::Management::new(&args.management)?;
+    let broker = run::broker_url(&settings, &args)?;
+    // A failed or skipped run must not leave an older run's figures looking current.
+    if args.out.exists() {
+        std::fs::remove_file(&args.out)
+            .with_context(|| format!("removing {}", args.out.display()))?;
+    }
+    let mut res = env::Resources {
+        management: Some(management),
+        ..Default::default()
+    };
+    let outcome = tokio::select! {
+        r = run::setup_and_run(&mut res, &settings, config.as_deref(), &args, &broker, &[]) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    res.cleanup().await;
+    // What tracing costs: the same burst with it off and on, after the main run.
+    let outcome = match outcome {
+        Ok(Some(mut report)) if !args.million && args.tracing_burst > 0 => {
+            let compared = tokio::select! {
+                r = tracing_cost::compare(&settings, config.as_deref(), &args, &broker) => r,
+                _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+            };
+            compared.map(|tracing| {
+                report["tracing"] = tracing;
+                Some(report)
+            })
+        }
+        other => other,
+    };
+    match outcome {
+        Ok(Some(report)) => {
+            write_report(&args.out, &report)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        // Skipped, saying why: nothing to report.
+        Ok(None) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("bench FAILED, no figures reported: {e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Writes the report as pretty JSON to `out`, making its directory.
+fn write_report(out: &Path, report: &Value) -> anyhow::Result<()> {
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(out, serde_json::to_string_pretty(report)? + "\n")
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
 }

@@ -1,11 +1,11 @@
 //! One run of the bench: the broker under test (`--amqp`, `--management`), a
 //! fresh vhost and database, the delay mode chosen as the service chooses it
 //! against what that broker offers, the service under test started as a child
-//! `serve` on them, the chosen scenario, cleanup whatever happened, and the
-//! JSON written only when the run was right.
+//! `serve` on them, and the chosen scenario. `main` runs it, then the tracing
+//! comparison, cleans up whatever happened, and writes the JSON only when the
+//! run was right.
 
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -14,64 +14,14 @@ use serde_json::Value;
 use crate::cli::{BenchArgs, BenchDb, BenchMode};
 use crate::ctx::RunCtx;
 use crate::env::{self, BenchDatabase, Management, Resources, Service};
-use crate::{million, timeouts, tracing_cost};
+use crate::{million, timeouts};
 use order_timeout::amqp::topology::{Mode, Names};
 use order_timeout::amqp::{choose_mode, probe};
 use order_timeout::settings::{AmqpSettings, DelayMode, Secret, Settings, redact_url};
 
-/// Runs the bench; the exit code says whether the run was right.
-pub async fn run(
-    settings: Settings,
-    config: Option<PathBuf>,
-    args: BenchArgs,
-) -> anyhow::Result<ExitCode> {
-    let management = Management::new(&args.management)?;
-    let broker = broker_url(&settings, &args)?;
-    // A failed or skipped run must not leave an older run's figures looking current.
-    if args.out.exists() {
-        std::fs::remove_file(&args.out)
-            .with_context(|| format!("removing {}", args.out.display()))?;
-    }
-    let mut res = Resources {
-        management: Some(management),
-        ..Default::default()
-    };
-    let outcome = tokio::select! {
-        r = setup_and_run(&mut res, &settings, config.as_deref(), &args, &broker, &[]) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-    };
-    res.cleanup().await;
-    // What tracing costs: the same burst with it off and on, after the main run.
-    let outcome = match outcome {
-        Ok(Some(mut report)) if !args.million && args.tracing_burst > 0 => {
-            let compared = tokio::select! {
-                r = tracing_cost::compare(&settings, config.as_deref(), &args, &broker) => r,
-                _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-            };
-            compared.map(|tracing| {
-                report["tracing"] = tracing;
-                Some(report)
-            })
-        }
-        other => other,
-    };
-    match outcome {
-        Ok(Some(report)) => {
-            write_report(&args.out, &report)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        // Skipped, saying why: nothing to report.
-        Ok(None) => Ok(ExitCode::SUCCESS),
-        Err(e) => {
-            eprintln!("bench FAILED, no figures reported: {e:#}");
-            Ok(ExitCode::FAILURE)
-        }
-    }
-}
-
 /// The broker under test: `--amqp`, else the service's `amqp.url` (one node:
 /// the bench puts the run's vhost into it).
-fn broker_url(settings: &Settings, args: &BenchArgs) -> anyhow::Result<url::Url> {
+pub(crate) fn broker_url(settings: &Settings, args: &BenchArgs) -> anyhow::Result<url::Url> {
     let (raw, from) = match &args.amqp {
         Some(raw) => (raw.as_str(), "--amqp"),
         None => (settings.amqp.url.expose(), "amqp.url"),
@@ -137,17 +87,6 @@ async fn choose_run_mode(
     }
     Ok(Some((mode, why)))
 }
-/// Writes the report as pretty JSON to `out`, making its directory.
-fn write_report(out: &Path, report: &Value) -> anyhow::Result<()> {
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(out, serde_json::to_string_pretty(report)? + "\n")
-        .with_context(|| format!("writing {}", out.display()))?;
-    println!("wrote {}", out.display());
-    Ok(())
-}
-
 /// Creates the vhost, chooses the mode on it, creates the database and the
 /// child, then runs the chosen scenario; `None` when the mode is skipped.
 pub(crate) async fn setup_and_run(

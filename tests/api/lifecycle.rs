@@ -62,7 +62,7 @@ async fn every_timeout_end_to_end(backend: Backend, mode: DelayMode) {
 
     // Fulfillment: the unshipped order is flagged (still paid), not cancelled.
     let flagged = wait_until(
-        Duration::from_secs(8),
+        Duration::from_secs(20),
         "fulfillment overdue flag",
         || async {
             let order = app.get_order(&unshipped).await;
@@ -75,7 +75,7 @@ async fn every_timeout_end_to_end(backend: Backend, mode: DelayMode) {
 
     // Receipt: the shipped order the buyer never confirmed completes by itself.
     let done = app
-        .wait_status(&shipped, "completed", Duration::from_secs(8))
+        .wait_status(&shipped, "completed", Duration::from_secs(20))
         .await;
     assert_on_time(&done, "completed_at", "confirm_deadline");
     // It shipped inside its fulfillment window, so its fulfillment timeout did nothing.
@@ -128,7 +128,7 @@ async fn outcomes(app: &TestApp, kind: &str) -> (f64, f64, f64) {
 async fn assert_timeout_ledger(app: &TestApp) {
     for (kind, published) in [("fulfillment", 2.0), ("receipt", 1.0)] {
         wait_until(
-            Duration::from_secs(8),
+            Duration::from_secs(20),
             &format!("every {kind} timeout handled"),
             || async {
                 let (applied, not_applicable, _) = outcomes(app, kind).await;
@@ -162,7 +162,7 @@ async fn buyer_actions_and_refusals(backend: Backend, mode: DelayMode) {
     assert_eq!(body["status"], "cancelled");
     assert_eq!(app.stock("A").await["available"], 10);
     wait_until(
-        Duration::from_secs(8),
+        Duration::from_secs(20),
         "the cancelled order's timeout handled",
         || async {
             let n = app
