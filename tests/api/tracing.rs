@@ -252,8 +252,32 @@ async fn event_queue(fresh: &Fresh) -> (Connection, Channel, String) {
     (conn, channel, queue)
 }
 
+/// The next message of `queue`, acked: its body, and its `traceparent` and
+/// `tracestate` headers (`None` when it has none); `None` when none waits.
+async fn next_event(
+    channel: &Channel,
+    queue: &str,
+) -> Option<(serde_json::Value, Option<String>, Option<String>)> {
+    let msg = channel
+        .basic_get(queue.into(), BasicGetOptions::default())
+        .await
+        .unwrap()?;
+    msg.delivery
+        .acker
+        .ack(BasicAckOptions::default())
+        .await
+        .unwrap();
+    let body = serde_json::from_slice(&msg.delivery.data).unwrap();
+    let headers = msg.delivery.properties.headers().as_ref();
+    Some((
+        body,
+        wire::header_text(headers, "traceparent"),
+        wire::header_text(headers, "tracestate"),
+    ))
+}
+
 /// The `traceparent` header of the event `event` of order `id`, waiting for
-/// the message; `None` when it has none.
+/// the message; `None` when it has none. Messages after it stay queued.
 async fn event_traceparent(
     channel: &Channel,
     queue: &str,
@@ -264,20 +288,9 @@ async fn event_traceparent(
         Duration::from_secs(30),
         &format!("order.{event} of {id}"),
         || async {
-            while let Some(msg) = channel
-                .basic_get(queue.into(), BasicGetOptions::default())
-                .await
-                .unwrap()
-            {
-                msg.delivery
-                    .acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .unwrap();
-                let body: serde_json::Value = serde_json::from_slice(&msg.delivery.data).unwrap();
+            while let Some((body, parent, _)) = next_event(channel, queue).await {
                 if body["order_id"] == id && body["event"] == event {
-                    let headers = msg.delivery.properties.headers().as_ref();
-                    return Some(wire::header_text(headers, "traceparent"));
+                    return Some(parent);
                 }
             }
             None
@@ -297,25 +310,13 @@ async fn cancel_traces(
     wait_until(Duration::from_secs(30), "the cancelled events", || {
         let found = &found;
         async move {
-            while let Some(msg) = channel
-                .basic_get(queue.into(), BasicGetOptions::default())
-                .await
-                .unwrap()
-            {
-                msg.delivery
-                    .acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .unwrap();
-                let body: serde_json::Value = serde_json::from_slice(&msg.delivery.data).unwrap();
+            while let Some((body, parent, state)) = next_event(channel, queue).await {
                 if body["event"] == "cancelled" {
-                    let headers = msg.delivery.properties.headers().as_ref();
-                    let text = |name| wire::header_text(headers, name).unwrap_or_default();
                     let id = body["order_id"].as_str().unwrap_or_default().to_string();
                     found
                         .lock()
                         .unwrap()
-                        .insert(id, (text("traceparent"), text("tracestate")));
+                        .insert(id, (parent.unwrap_or_default(), state.unwrap_or_default()));
                 }
             }
             let found = found.lock().unwrap();

@@ -223,6 +223,15 @@ fn reads_every_integer_width() {
     );
 }
 
+/// A publisher's forgeries of headers the service itself stamps.
+const FORGED: [&str; 5] = [
+    X_PARKED_REASON,
+    X_PARKED_BY,
+    "x-parked-note",
+    X_ORIGINAL_SIZE,
+    X_REDELAYS,
+];
+
 #[test]
 fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersonate() {
     let mut headers = FieldTable::default();
@@ -234,14 +243,7 @@ fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersona
         "x-opt-order-timeout-deferrals".into(),
         AMQPValue::LongLongInt(1),
     );
-    // A publisher's forgeries of what the service stamps.
-    for forged in [
-        X_PARKED_REASON,
-        X_PARKED_BY,
-        "x-parked-note",
-        X_ORIGINAL_SIZE,
-        X_REDELAYS,
-    ] {
+    for forged in FORGED {
         headers.insert(forged.into(), AMQPValue::LongString("forged".into()));
     }
     let original = BasicProperties::default()
@@ -265,13 +267,7 @@ fn forwarded_copies_keep_the_publishers_properties_but_never_expire_or_impersona
     assert_eq!(header_int(h, "x-shop"), Some(Ok(7)));
     assert_eq!(header_int(h, "x-opt-delivery-time"), None);
     assert_eq!(header_int(h, "x-opt-order-timeout-deferrals"), None);
-    for forged in [
-        X_PARKED_REASON,
-        X_PARKED_BY,
-        "x-parked-note",
-        X_ORIGINAL_SIZE,
-        X_REDELAYS,
-    ] {
+    for forged in FORGED {
         assert_eq!(header_text(h, forged), None, "{forged} forwarded");
     }
     assert_eq!(sent.message_id(), original.message_id());
